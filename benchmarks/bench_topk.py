@@ -1,0 +1,83 @@
+"""select_candidate_blocks and indexer_topk vs block max + torch.topk / torch.topk, beside the
+one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (SPEC 3).
+
+    python benchmarks/bench_topk.py [--quick] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_sparse_decode  # noqa: F401  (registers the ops)
+from harness import Table, copy_bandwidth_tbs, graph_us, parser, rotation
+
+K = 2048
+
+
+def make_rows(rows: int, width: int):
+    def make(seed: int):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        logits = torch.randn(rows, width, device="cuda", generator=gen)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        return logits, ends
+
+    return rotation(make, rows * width * 4)
+
+
+def bar(floor_us: float) -> float:
+    return 1.5 * floor_us + 4.0
+
+
+def verdict(ours: float, base: float, floor_us: float, factor: float) -> str:
+    fast_enough = base / ours >= factor or base < 40
+    return "yes" if ours <= bar(floor_us) and fast_enough else "no"
+
+
+def bench_blocks(table: Table, bandwidth: float, rows: int, width: int, block_size: int) -> None:
+    sets = make_rows(rows, width)
+    out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    select = torch.ops.sparse_decode.select_candidate_blocks
+
+    def baseline(i):
+        logits, _ = sets[i % len(sets)]
+        maxima = logits.view(rows, width // block_size, block_size).amax(dim=2)
+        return torch.topk(maxima, K, dim=1).indices
+
+    ours = graph_us(lambda i: select(*sets[i % len(sets)], block_size, out))
+    base = graph_us(baseline)
+    floor_us = rows * width * 4 / (bandwidth * 1e12) * 1e6
+    table.add("select_candidate_blocks", f"{rows}x{width >> 10}K bs={block_size}", ours, base,
+              f"{base / ours:.1f}x", floor_us, bar(floor_us), verdict(ours, base, floor_us, 10))
+
+
+def bench_tokens(table: Table, bandwidth: float, rows: int, width: int) -> None:
+    sets = make_rows(rows, width)
+    out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    topk = torch.ops.sparse_decode.indexer_topk
+    ours = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
+    base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
+    floor_us = rows * width * 4 / (bandwidth * 1e12) * 1e6
+    table.add("indexer_topk", f"{rows}x{width >> 10}K", ours, base, f"{base / ours:.1f}x", floor_us,
+              bar(floor_us), verdict(ours, base, floor_us, 10))
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    bandwidth = copy_bandwidth_tbs()
+    table = Table(
+        f"select_candidate_blocks / indexer_topk, k={K} (copy bandwidth measured {bandwidth:.2f} TB/s)",
+        ["op", "shape", "ours (us)", "torch baseline (us)", "speedup", "one-read floor (us)", "bar (us)", "meets bar"],
+    )
+    block_shapes = [(8, 128 << 10, 64), (8, 128 << 10, 8)] if args.quick else [
+        (rows, width, bs) for rows in (1, 8, 64) for width in (32 << 10, 128 << 10, 1 << 20) for bs in (64, 8)
+    ]
+    for rows, width, bs in block_shapes:
+        bench_blocks(table, bandwidth, rows, width, bs)
+    token_shapes = [(8, 128 << 10)] if args.quick else [(r, w) for r in (8, 64) for w in (128 << 10, 1 << 20)]
+    for rows, width in token_shapes:
+        bench_tokens(table, bandwidth, rows, width)
+    table.emit(args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The one timing harness (SPEC section 3): per-call time of a CUDA graph holding 20 back-to-back
+calls, median of >= 50 replays, inputs rotated over buffers larger than L2, baselines timed by the
+same code in the same process, results appended as a dated table to benchmarks/RESULTS.md."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import subprocess
+from typing import Callable, Sequence
+
+import torch
+
+CALLS_PER_GRAPH = 20
+REPLAYS = 50
+ROTATE_BYTES = 4 * 60 * 2**20  # four times the H200's 60 MB L2
+
+
+def rotation(make_inputs: Callable[[int], Sequence[torch.Tensor]], bytes_per_set: int) -> list:
+    """As many input sets (from ``make_inputs(seed)``) as it takes to exceed ROTATE_BYTES, <= 20."""
+    count = max(2, min(CALLS_PER_GRAPH, -(-ROTATE_BYTES // max(bytes_per_set, 1))))
+    return [make_inputs(seed) for seed in range(count)]
+
+
+def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, replays: int = REPLAYS) -> float:
+    """Median per-call microseconds of ``call(0) ... call(calls - 1)`` captured in one CUDA graph.
+
+    ``call(i)`` launches the i-th call; it should pick its input set as ``i % len(sets)``.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(calls):
+            call(i)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            call(i)
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(replays):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth_tbs(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth in TB/s (bytes read + written), timed like everything else."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    dst = torch.empty_like(src)
+    us = graph_us(lambda i: dst.copy_(src), calls=5, replays=20)
+    return 2 * nbytes / (us * 1e-6) / 1e12
+
+
+def commit() -> str:
+    if os.environ.get("TSD_COMMIT"):
+        return os.environ["TSD_COMMIT"]
+    try:
+        return subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Table:
+    """A benchmark table: printed for people, appended to the results file with its provenance."""
+
+    def __init__(self, title: str, columns: Sequence[str]):
+        self.title, self.columns, self.rows = title, list(columns), []
+
+    def add(self, *values) -> None:
+        self.rows.append([_fmt(v) for v in values])
+
+    def markdown(self) -> str:
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+        stamp = datetime.date.today().isoformat()
+        lines = [
+            f"### {self.title}",
+            "",
+            f"{stamp}, {gpu}, torch {torch.__version__}, commit {commit()}; per call in a CUDA graph of "
+            f"{CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, inputs rotated over > {ROTATE_BYTES >> 20} MiB.",
+            "",
+            "| " + " | ".join(self.columns) + " |",
+            "| " + " | ".join("---" for _ in self.columns) + " |",
+        ]
+        lines += ["| " + " | ".join(row) + " |" for row in self.rows]
+        return "\n".join(lines) + "\n"
+
+    def emit(self, results: str | None) -> None:
+        text = self.markdown()
+        print(text, flush=True)
+        if results:
+            with open(results, "a") as f:
+                f.write("\n" + text)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"),
+                   help="markdown file the tables are appended to ('' to only print)")
+    p.add_argument("--quick", action="store_true", help="a subset of the shapes")
+    return p

@@ -1,0 +1,11 @@
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        if "gpu" in item.keywords and gpus == 0:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(pytest.mark.skip(reason="needs two CUDA GPUs"))

@@ -1,0 +1,43 @@
+"""DCP inputs: random rows, cross-rank ties, NaN/inf, short rows, and rows built so that the
+maximum number of ranks, rescue_slots(K, N), saturate."""
+
+from __future__ import annotations
+
+import torch
+
+from inputs import scores
+from torch_sparse_decode import reference
+from torch_sparse_decode.dcp import dcp_merge_local_topk, pack_candidates, rescue_slots
+
+
+def saturating(world_size: int, topk: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows where rescue_slots(K, N) ranks hold every token of the global top-K.
+
+    Row 0: the hot ranks' scores sit far above everyone else's.
+    Row 1: only the hot ranks have tokens, so the sent union is short of K (every full rank saturates).
+    Row 2: the hot ranks tie on one value above everyone, so ties decide across ranks.
+    """
+    n = dcp_merge_local_topk(topk, world_size)
+    hot = rescue_slots(topk, n)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.rand(world_size, 3, length, generator=gen)
+    lengths = torch.full((world_size, 3), length, dtype=torch.int32)
+    x[:hot, 0] += 10.0
+    lengths[hot:, 1] = 0
+    x[:hot, 2] = 5.0
+    return x, lengths
+
+
+def mixed(world_size: int, length: int, seed: int, kind: str = "random") -> tuple[torch.Tensor, torch.Tensor]:
+    x = scores(kind, (world_size, 4, length), seed=seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    lengths = torch.randint(0, length + 1, (world_size, 4), generator=gen, dtype=torch.int32)
+    lengths[:, 0] = length
+    lengths[0, 1] = 0
+    return x, lengths
+
+
+def count_saturated(world_size, topk, scores_, lengths) -> torch.Tensor:
+    """Saturated ranks per row as the one-round merge finds them (to assert the cases cover them)."""
+    packed = [pack_candidates(scores_[r], lengths[r], world_size, r, topk)[0] for r in range(world_size)]
+    return reference.saturated_ranks(torch.stack(packed), topk)[1].sum(dim=0)

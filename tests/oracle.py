@@ -1,0 +1,112 @@
+"""Independent brute-force oracles: stable sorts over canonical scores, written without the
+package's key helpers (``order.py``), so a bug there cannot hide in both sides of a test."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def canon(x: torch.Tensor) -> torch.Tensor:
+    """fp32; NaN -> -inf, -0.0 -> +0.0 (by a different route than order.canonical)."""
+    x = x.float()
+    x = torch.nan_to_num(x, nan=float("-inf"), posinf=float("inf"), neginf=float("-inf"))
+    return torch.where(x == 0, torch.zeros_like(x), x)
+
+
+def ranked(values: torch.Tensor) -> torch.Tensor:
+    """Indices of a 1-D tensor in the library order: stable descending sort keeps lower ids first."""
+    return torch.sort(canon(values), descending=True, stable=True).indices
+
+
+def python_ranked(values: list[float]) -> list[int]:
+    """Pure-Python ranking, used to cross-check ``ranked`` on small rows."""
+
+    def key(i):
+        v = values[i]
+        v = -math.inf if math.isnan(v) else v + 0.0
+        return (-v, i)
+
+    return sorted(range(len(values)), key=key)
+
+
+def pad(ids: list[int], k: int) -> list[int]:
+    return sorted(ids) + [-1] * (k - len(ids))
+
+
+def topk_tokens(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Tensor:
+    rows, width = scores.shape
+    out = []
+    for row in range(rows):
+        n = min(max(int(lengths[row]), 0), width)
+        best = ranked(scores[row, :n])[:k].tolist()
+        out.append(pad(best, k))
+    return torch.tensor(out, dtype=torch.int32).view(rows, k)
+
+
+def candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, k: int) -> torch.Tensor:
+    rows, width = logits.shape
+    out = []
+    for row in range(rows):
+        end = min(max(int(row_ends[row]), 0), width)
+        blocks = -(-end // block_size)
+        if blocks == 0:
+            out.append([-1] * k)
+            continue
+        values = canon(logits[row, :end]).view(1, 1, end)
+        maxima = torch.nn.functional.max_pool1d(values, block_size, block_size, ceil_mode=True).view(-1)
+        assert maxima.numel() == blocks
+        others = ranked(maxima[: blocks - 1])[: k - 1].tolist()
+        out.append(pad(others + [blocks - 1], k))
+    return torch.tensor(out, dtype=torch.int32).view(rows, k)
+
+
+def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=False):
+    """(weights fp32 [T, topk], ids int32 [T, topk]) computed token by token."""
+    scores = torch.sigmoid(scores) if apply_sigmoid else scores
+    weights, ids = [], []
+    for row in scores:
+        key = row + bias
+        bad = torch.isnan(row) | torch.isnan(key)
+        key = torch.where(bad, float("-inf"), key)
+        chosen = ranked(key)[:topk]
+        w = torch.where(bad, 0.0, row)[chosen]
+        if renormalize:
+            total = w.sum()
+            w = w / (total if total > 0 else 1.0)
+        weights.append(w * scale)
+        ids.append(chosen.to(torch.int32))
+    if not weights:
+        return torch.empty(0, topk), torch.empty(0, topk, dtype=torch.int32)
+    return torch.stack(weights), torch.stack(ids)
+
+
+def dcp_global_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
+    """Global top-K of a W-rank group on bf16-rounded scores, ties to the lower global id.
+
+    Returns (global_ids [T, K], local_ids [W, T, K], local_count [W, T])."""
+    world_size, rows, length = scores.shape
+    global_rows, local_rows, counts = [], [[] for _ in range(world_size)], [[] for _ in range(world_size)]
+    for row in range(rows):
+        ids, vals = [], []
+        for rank in range(world_size):
+            n = min(max(int(lengths[rank, row]), 0), length)
+            rounded = canon(scores[rank, row, :n].to(torch.bfloat16)).to(torch.bfloat16).float()
+            vals.append(rounded)
+            ids.append(torch.arange(n) * world_size + rank)
+        gid = torch.cat(ids)
+        val = torch.cat(vals)
+        by_id = torch.argsort(gid)
+        gid, val = gid[by_id], val[by_id]
+        best = gid[ranked(val)[:topk]].tolist()
+        global_rows.append(pad(best, topk))
+        for rank in range(world_size):
+            mine = [g // world_size for g in best if g % world_size == rank]
+            local_rows[rank].append(pad(mine, topk))
+            counts[rank].append(len(mine))
+    return (
+        torch.tensor(global_rows, dtype=torch.int32).view(rows, topk),
+        torch.tensor(local_rows, dtype=torch.int32).view(world_size, rows, topk),
+        torch.tensor(counts, dtype=torch.int32).view(world_size, rows),
+    )

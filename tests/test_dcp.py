@@ -1,0 +1,136 @@
+import pytest
+import torch
+
+import oracle
+from dcp_cases import count_saturated, mixed, saturating
+from inputs import DEVICES, KINDS
+from torch_sparse_decode import dcp, reference
+
+
+def test_config_helpers_match_the_seed():
+    assert dcp.MAX_WORLD_SIZE == 16 and dcp.LOCAL_INDEX_BITS == 17
+    n = {w: dcp.dcp_merge_local_topk(2048, w) for w in (1, 2, 3, 4, 8, 16)}
+    assert n == {1: 0, 2: 1536, 3: 1056, 4: 768, 8: 384, 16: 192}
+    assert dcp.dcp_merge_local_topk(64, 2) == 0  # 64 would not be smaller than topk
+    assert dcp.dcp_merge_local_topk(64, 4) == 32
+    assert dcp.packed_row_words(1536) == 1584 and dcp.packed_row_words(32) == 33
+    assert [dcp.rescue_slots(2048, n[w]) for w in (2, 3, 4, 8, 16)] == [1, 1, 2, 5, 10]
+    assert dcp.dcp_topk_merge_max_rows(2048, 999) == 0
+    assert not dcp.dcp_topk_merge_fits(1, 2048, 0)
+    assert not dcp.dcp_topk_merge_fits(1, 2048, 999)
+
+
+def _u32(x: int) -> int:
+    return x & 0xFFFFFFFF
+
+
+def test_packed_row_is_the_seed_b_prime_layout_bit_for_bit():
+    length = 65600
+    x = torch.full((2, length), float("nan"))
+    x[0, 5] = 1.0  # bf16 0x3F80 -> ord16 0xBF80
+    x[0, 65540] = 2.0  # bf16 0x4000 -> ord16 0xC000; l has bit 16 set, low bits 4
+    x[0, 65541] = -0.0  # ties +0.0: ord16 0x8000
+    x[1, :3] = torch.tensor([-1.0, 3.0, 0.5])
+    lengths = torch.tensor([length, 3], dtype=torch.int32)
+    packed, rescue = dcp.pack_candidates(x, lengths, 4, 1, 64)  # N = 32 slots + 1 plane word
+    assert packed.shape == (2, 33) and rescue.shape == (2, 66)
+    words = [[_u32(v) for v in row] for row in packed.tolist()]
+    # Row 0: three real tokens, then 29 NaN tokens (live, scoring -inf: ord16 0x007F).
+    row = words[0]
+    slot_of = {w: j for j, w in enumerate(row[:32])}
+    assert slot_of[0xC000FFFB] is not None and (row[32] >> slot_of[0xC000FFFB]) & 1 == 1
+    assert (row[32] >> slot_of[0xBF80FFFA]) & 1 == 0
+    assert 0x8000FFFA in slot_of and (row[32] >> slot_of[0x8000FFFA]) & 1 == 1  # l = 65541
+    assert all(w >> 16 == 0x007F for w in row[:32] if w not in (0xC000FFFB, 0xBF80FFFA, 0x8000FFFA))
+    assert 0 not in row[:32]
+    # Row 1: three live words, the rest empty (0), bit planes 0.
+    row = words[1]
+    live = sorted(w for w in row[:32] if w)
+    assert live == sorted([0x407FFFFF, 0xC040FFFE, 0xBF00FFFD])  # ord16(-1.0) = ~0xBF80 & 0xFFFF
+    assert row[32] == 0 and row[:32].count(0) == 29
+
+
+def _shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
+    """The same B' rows with their slots permuted (the layout allows any order)."""
+    ord16, local, live = reference.decode_b_prime(rows, slots)
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
+    flat = [t.reshape(-1, slots)[:, perm] for t in (ord16, local, live)]
+    return reference._encode_b_prime(*flat, slots).view(rows.shape)
+
+
+def _one_round(x, lengths, topk, device, shuffle=False):
+    x, lengths = x.to(device), lengths.to(device)
+    world_size = x.shape[0]
+    rows = [dcp.pack_candidates(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
+    gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
+    if shuffle:
+        n = dcp.dcp_merge_local_topk(topk, world_size)
+        gathered = _shuffled(gathered, n, 1)
+        rescue = _shuffled(rescue, dcp.rescue_row_slots(topk), 2)
+    return [[t.cpu() for t in dcp.merge_packed(gathered, rescue, topk, r)] for r in range(world_size)]
+
+
+def _generic(x, lengths, topk, device):
+    x, lengths = x.to(device), lengths.to(device)
+    world_size = x.shape[0]
+    keys = torch.stack([dcp.local_topk_keys(x[r], lengths[r], world_size, r, topk) for r in range(world_size)])
+    return [[t.cpu() for t in dcp.merge_generic(keys, r)] for r in range(world_size)]
+
+
+def check_all_paths(x, lengths, topk, device):
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
+    for path in (_one_round(x, lengths, topk, device), _one_round(x, lengths, topk, device, shuffle=True),
+                 _generic(x, lengths, topk, device)):
+        for rank, (global_ids, local_ids, local_count) in enumerate(path):
+            assert torch.equal(global_ids, want_global), rank
+            assert torch.equal(local_ids, want_local[rank]), rank
+            assert torch.equal(local_count, want_count[rank]), rank
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("topk", [64, 256, 2048])
+def test_max_saturation(device, world_size, topk):
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    if n == 0:
+        pytest.skip("no one-round merge for this (topk, world_size)")
+    x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77, seed=world_size)
+    saturated = count_saturated(world_size, topk, x, lengths)
+    assert saturated.tolist() == [dcp.rescue_slots(topk, n)] * 3
+    check_all_paths(x, lengths, topk, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world_size", [2, 3, 8])
+def test_kinds_and_short_rows(device, kind, world_size):
+    x, lengths = mixed(world_size, 300, seed=world_size, kind=kind)
+    check_all_paths(x, lengths, 256, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_simulate_matches_oracle(device):
+    x, lengths = mixed(4, 5000, seed=3, kind="bf16_plateau")
+    got, local_ids, local_count = dcp.simulate_dcp_topk(x.to(device), lengths.to(device), 2048, return_local=True)
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, 2048)
+    assert torch.equal(got.cpu(), want_global)
+    assert torch.equal(local_ids.cpu(), want_local) and torch.equal(local_count.cpu(), want_count)
+
+
+def test_bf16_scores_and_largest_local_index():
+    length = 1 << 17
+    x = torch.rand(2, 2, length).to(torch.bfloat16)
+    x[1, :, -1] = 7.0  # l = 2**17 - 1 on rank 1: all 17 bits set
+    lengths = torch.full((2, 2), length, dtype=torch.int32)
+    check_all_paths(x, lengths, 128, "cpu")
+
+
+def test_generic_takes_local_lengths_beyond_the_packed_limit():
+    x = torch.rand(2, 1, (1 << 17) + 100)
+    x[1, 0, -1] = 9.0
+    lengths = torch.full((2, 1), x.shape[2], dtype=torch.int32)
+    global_ids = _generic(x, lengths, 64, "cpu")[0][0]
+    assert torch.equal(global_ids, oracle.dcp_global_topk(x, lengths, 64)[0])
+    assert ((1 << 17) + 99) * 2 + 1 in global_ids[0].tolist()
+    with pytest.raises(ValueError, match="scores may have at most 131072"):
+        dcp.pack_candidates(x[0], lengths[0], 2, 0, 64)

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import DEVICES, KINDS, poisoned, scores
+
+SHAPES = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
+
+
+def route(s, b, topk, device, **kw):
+    weights = poisoned((s.shape[0], topk), torch.float32, device)
+    ids = poisoned((s.shape[0], topk), torch.int32, device)
+    tsd.moe_route(s.to(device), b.to(device), topk, out=(weights, ids), **kw)
+    return weights.cpu(), ids.cpu()
+
+
+def check(s, b, topk, device, **kw):
+    weights, ids = route(s, b, topk, device, **kw)
+    want_w, want_ids = oracle.moe_route(s, b, topk, **kw)
+    assert torch.equal(ids, want_ids)
+    # Distinct valid experts, always.
+    assert ids.min() >= 0 and ids.max() < s.shape[1]
+    assert (torch.sort(ids, dim=1).values.diff(dim=1) > 0).all()
+    # The sum order may differ from the oracle's by an ulp; renormalized weights are <= 1.
+    torch.testing.assert_close(weights, want_w, rtol=4e-7, atol=1e-37, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("experts,topk", SHAPES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_scores_of_every_kind(device, experts, topk, kind):
+    s = scores(kind, (9, experts), seed=experts + topk)
+    if kind in ("random", "bf16_plateau"):
+        s = torch.sigmoid(s)
+    b = torch.randn(experts, generator=torch.Generator().manual_seed(7)) * 0.05
+    check(s, b, topk, device)
+    check(s, torch.zeros(experts), topk, device, renormalize=False, scale=2.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("apply_sigmoid", [False, True])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_flags(device, apply_sigmoid, renormalize):
+    s = scores("random", (33, 896), seed=3)
+    b = scores("random", (896,), seed=4) * 0.1
+    check(s, b, 16, device, apply_sigmoid=apply_sigmoid, renormalize=renormalize, scale=2.827)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_nan_inf_and_signed_zero(device):
+    s = torch.full((4, 256), 0.25)
+    s[1, 10:20] = 0.0
+    bias = torch.zeros(256)
+    bias[::3] = -0.0
+    bias[5] = float("nan")  # expert 5 ranks last, weight 0 if chosen
+    bias[200] = float("inf")  # expert 200 first everywhere
+    bias[201] = float("-inf")
+    w, ids = route(s, bias, 8, device)
+    assert (ids[:, 0] == 200).all()
+    assert (ids[:, 1:] == torch.tensor([0, 1, 2, 3, 4, 6, 7])).all()
+    check(s, bias, 8, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_all_nan_rows_route_to_lowest_ids_with_zero_weight(device):
+    s = torch.full((3, 896), float("nan"))
+    w, ids = route(s, torch.zeros(896), 16, device)
+    assert (ids == torch.arange(16, dtype=torch.int32)).all()
+    assert (w == 0).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exactly_topk_finite_entries(device):
+    s = torch.full((2, 384), float("nan"))
+    finite = torch.tensor([3, 50, 99, 100, 200, 250, 300, 383])
+    s[:, finite] = torch.rand(2, 8)
+    w, ids = route(s, torch.zeros(384), 8, device)
+    assert torch.equal(torch.sort(ids, dim=1).values, finite.to(torch.int32).expand(2, 8))
+    check(s, torch.zeros(384), 8, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_largest_batch(device):
+    s = torch.sigmoid(scores("random", (8192, 896), seed=11))
+    s[::7] = 0.5  # CUDA-graph padding rows: all equal
+    b = scores("few_distinct", (896,), seed=12) * 0.01
+    check(s, b, 16, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    w, ids = route(torch.empty(0, 896), torch.zeros(896), 16, device)
+    assert w.shape == (0, 16) and ids.shape == (0, 16)

@@ -1,0 +1,71 @@
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import DEVICES, KINDS, poisoned, scores
+
+
+def run(x, row_ends, block_size, k, device):
+    out = poisoned((x.shape[0], k), torch.int32, device)
+    tsd.select_candidate_blocks(x.to(device), row_ends.to(device), block_size, k, out=out)
+    return out.cpu()
+
+
+def check(x, row_ends, block_size, k, device):
+    got = run(x, row_ends, block_size, k, device)
+    want = oracle.candidate_blocks(x, row_ends, block_size, k)
+    assert torch.equal(got, want)
+    return got
+
+
+def edge_ends(block_size: int, k: int, width: int) -> torch.Tensor:
+    bs = block_size
+    ends = [0, 1, bs - 1, bs, bs + 1, (k - 1) * bs, k * bs - 1, k * bs, k * bs + 1, (k + 1) * bs, width, width + 9, -1]
+    return torch.tensor([max(-1, min(e, width + 9)) for e in ends], dtype=torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("block_size", [1, 3, 8, 64])
+def test_every_kind_and_block_edge(device, kind, block_size):
+    k = 6
+    width = (k + 3) * block_size + block_size // 2 + 1  # a partial last block
+    ends = edge_ends(block_size, k, width)
+    x = scores(kind, (ends.numel(), width), seed=block_size)
+    check(x, ends, block_size, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_newest_block_is_pinned_even_when_worst(device):
+    x = torch.zeros(3, 64)
+    x[:, 48:] = -1e30  # blocks 6 and 7 (bs 8) score worst
+    x[2, 60:] = float("nan")  # partially NaN newest block
+    ends = torch.tensor([64, 60, 64], dtype=torch.int32)
+    got = check(x, ends, 8, 3, device)
+    assert got.tolist() == [[0, 1, 7], [0, 1, 7], [0, 1, 7]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_only_block_scores_minus_inf(device):
+    x = torch.full((1, 32), float("nan"))
+    x[0, 8:16] = -5.0
+    got = check(x, torch.tensor([32], dtype=torch.int32), 8, 2, device)
+    assert got.tolist() == [[1, 3]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size,k", [(64, 2048), (8, 2048), (256, 512), (1, 1024)])
+def test_decode_sizes(device, block_size, k):
+    width = (k + 40) * block_size
+    ends = torch.tensor([width, k * block_size, (k + 1) * block_size - 1, 100 * block_size + 1], dtype=torch.int32)
+    x = scores("bf16_plateau", (4, width), seed=block_size)
+    check(x, ends, block_size, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [8, 64])
+def test_largest_rows(device, block_size):
+    width = 1 << 20
+    x = scores("relu_zeros", (2, width), seed=block_size)
+    check(x, torch.tensor([width, width - 5 * block_size - 3], dtype=torch.int32), block_size, 4096, device)

@@ -1,0 +1,58 @@
+"""torch_sparse_decode: exact, CUDA-graph-safe custom ops for sparse-attention MoE decode.
+
+Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
+
+- ``moe_route``: MoE routing, top-k experts by score + bias with exact tie rules;
+- ``select_candidate_blocks``: candidate block selection over the valid prefix of decode rows;
+- ``indexer_topk``: exact token top-k of the DSA indexer;
+- ``dcp``: the decode-context-parallel top-K merge (pack, one-round merge with rescue, generic
+  merge, process-group entry points and the seed's config helpers).
+
+Every selection follows one order (``order.py``): NaN as -inf, -0.0 as +0.0, larger score first,
+then the lower id.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dcp, ops, order
+from ._library import register_warmup, registered_ops, run_warmups
+from .api import indexer_topk, moe_route, select_candidate_blocks
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "moe_route",
+    "select_candidate_blocks",
+    "indexer_topk",
+    "dcp",
+    "ops",
+    "order",
+    "warmup",
+    "registered_ops",
+    "__version__",
+]
+
+
+@register_warmup
+def _warm_every_op(device: torch.device) -> None:
+    """Run each op once at a small shape: loads kernels and fills the caching allocator."""
+    from .examples import run_examples
+
+    run_examples(device)
+
+
+def warmup(device: torch.device | str | None = None) -> int:
+    """Compile and run every kernel once on ``device`` (default: the current CUDA device, else CPU).
+
+    Call it after model construction and before CUDA graph capture: compilation allocates, syncs
+    and loads modules, none of which may happen inside a capture. Returns the hooks run.
+    """
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    count = run_warmups(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return count

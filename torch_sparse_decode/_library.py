@@ -1,0 +1,144 @@
+"""One registration helper for every op of the ``sparse_decode`` namespace, and argument checks.
+
+Each op is a ``torch.library.custom_op`` that writes into caller-owned outputs and returns nothing:
+
+- the reference (pure torch) is the default implementation, so it is the CPU kernel and, until a
+  kernel issue registers a real one, also serves CUDA tensors;
+- ``register_kernel(name, "cuda")`` installs the fast kernel for a device;
+- the fake implementation only checks the arguments (outputs already exist, nothing to allocate);
+- every implementation runs the op's ``check`` first, so a bad argument raises a ``TypeError`` or
+  ``ValueError`` naming it before anything is launched, on every device and under
+  ``torch.compile`` (where the fake implementation runs at trace time).
+
+Checks read tensor metadata only (dtype, device, shape, strides): never data, so no host sync.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+NAMESPACE = "sparse_decode"
+
+_OPS: dict[str, "torch._library.custom_ops.CustomOpDef"] = {}
+_CHECKS: dict[str, Callable[..., None]] = {}
+
+
+def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]):
+    """Decorator: register ``fn`` (the reference) as ``sparse_decode::name``, checked by ``check``."""
+
+    def wrap(reference: Callable[..., None]):
+        checked = _checked(reference, check)
+        op = torch.library.custom_op(f"{NAMESPACE}::{name}", mutates_args=tuple(mutates_args))(checked)
+
+        @op.register_fake
+        def _fake(*args, **kwargs):
+            check(*args, **kwargs)
+
+        _OPS[name] = op
+        _CHECKS[name] = check
+        return op
+
+    return wrap
+
+
+def register_kernel(name: str, device_type: str):
+    """Decorator: ``fn`` becomes the ``device_type`` kernel of ``sparse_decode::name``."""
+
+    def wrap(kernel: Callable[..., None]):
+        _OPS[name].register_kernel(device_type)(_checked(kernel, _CHECKS[name]))
+        return kernel
+
+    return wrap
+
+
+def registered_ops() -> dict[str, object]:
+    """Name -> ``torch.ops.sparse_decode.<name>`` for every registered op."""
+    return {name: getattr(torch.ops.sparse_decode, name) for name in _OPS}
+
+
+def _checked(fn: Callable[..., None], check: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        check(*args, **kwargs)
+        fn(*args, **kwargs)
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks shared by the ops.
+
+
+def check_tensor(
+    t: object,
+    name: str,
+    *,
+    dtypes: Iterable[torch.dtype],
+    ndim: int,
+    contiguous: bool = True,
+    inner_contiguous: bool = False,
+) -> torch.Tensor:
+    """Type, dtype, rank and layout of one tensor argument; raises naming ``name``."""
+    check_is_tensor(t, name)
+    dtypes = tuple(dtypes)
+    if t.dtype not in dtypes:
+        allowed = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise TypeError(f"{name} must have dtype {allowed}, got {str(t.dtype).replace('torch.', '')}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (strides {tuple(t.stride())})")
+    if inner_contiguous and ndim > 0 and t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have unit stride in its last dimension (strides {tuple(t.stride())})")
+    return t
+
+
+def check_is_tensor(t: object, name: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
+def check_shape(t: torch.Tensor, name: str, shape: Sequence[int]) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def check_same_device(reference: torch.Tensor, ref_name: str, **others: torch.Tensor) -> None:
+    for name, t in others.items():
+        if t.device != reference.device:
+            raise ValueError(f"{name} must be on {ref_name}'s device {reference.device}, got {t.device}")
+
+
+def check_scalar(value: object, name: str, kind: type) -> None:
+    """``kind`` is int, float or bool; bool never passes as a number (nor a number as a bool)."""
+    accepted = {int: (int, torch.SymInt), float: (int, float, torch.SymFloat), bool: (bool,)}[kind]
+    if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
+        raise TypeError(f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {type(value).__name__}")
+
+
+def check_int(value: object, name: str, low: int, high: int) -> int:
+    check_scalar(value, name, int)
+    if isinstance(value, int) and not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# Warm-up hooks: kernels register how to compile themselves before CUDA graph capture.
+
+_WARMUPS: list[Callable[[torch.device], None]] = []
+
+
+def register_warmup(fn: Callable[[torch.device], None]) -> Callable[[torch.device], None]:
+    """Decorator: ``fn(device)`` compiles and runs a kernel once; ``warmup()`` calls every hook."""
+    _WARMUPS.append(fn)
+    return fn
+
+
+def run_warmups(device: torch.device) -> int:
+    for fn in _WARMUPS:
+        fn(device)
+    return len(_WARMUPS)

@@ -1,0 +1,243 @@
+"""DCP decode top-k merge: the exact global top-K across decode-context-parallel ranks (SPEC 2.3).
+
+Local position ``l`` on rank ``r`` of a W-rank group is global token ``l * W + r``. Every rank
+scores its own tokens; every rank needs the same exact global top-K, ranked on bf16-rounded scores
+(NaN as -inf, -0.0 as +0.0) with ties to the lower global id.
+
+Two paths, bit-identical by construction (the same keys, the same order):
+
+- one-round (``init_dcp_topk_merge`` returned N > 0 and ``dcp_topk_merge_fits``): each rank packs
+  its best N candidates into a B' row (``pack_candidates``), the group exchanges the rows once,
+  and every rank merges them (``merge_packed``), replacing each saturated rank's row by its local
+  top-K, read from that rank's rescue row (on GPUs: symmetric memory; on a CPU/gloo group the
+  reference fetches the rescue rows with a second all-gather, standing in for that read);
+- generic: every rank exchanges its full local top-K as int64 keys and merges them.
+
+``simulate_dcp_topk`` runs the one-round pack and merge of a W-rank group in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from . import ops  # noqa: F401  (registers the ops)
+from .dcp_config import (
+    _MERGE_MAX_ROWS,
+    LOCAL_INDEX_BITS,
+    MAX_WORLD_SIZE,
+    dcp_merge_local_topk,
+    dcp_topk_merge_fits,
+    dcp_topk_merge_max_rows,
+    packed_row_words,
+    rescue_row_slots,
+    rescue_slots,
+)
+
+__all__ = [
+    "MAX_WORLD_SIZE",
+    "LOCAL_INDEX_BITS",
+    "dcp_merge_local_topk",
+    "packed_row_words",
+    "rescue_slots",
+    "rescue_row_slots",
+    "dcp_topk_merge_max_rows",
+    "dcp_topk_merge_fits",
+    "pack_candidates",
+    "merge_packed",
+    "local_topk_keys",
+    "merge_generic",
+    "simulate_dcp_topk",
+    "init_dcp_topk_merge",
+    "dcp_topk_merge",
+]
+
+log = logging.getLogger(__name__)
+
+# (group name, topk) -> N agreed by init_dcp_topk_merge (0: generic merge).
+_INIT: dict[tuple[str, int], int] = {}
+
+
+def _merge_outputs(rows: int, topk: int, device: torch.device):
+    return (
+        torch.empty(rows, topk, dtype=torch.int32, device=device),
+        torch.empty(rows, topk, dtype=torch.int32, device=device),
+        torch.empty(rows, dtype=torch.int32, device=device),
+    )
+
+
+def pack_candidates(
+    scores: torch.Tensor, lengths: torch.Tensor, world_size: int, rank: int, topk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's pack step: (packed [T, packed_row_words(N)], rescue [T, packed_row_words(K')]).
+
+    ``scores`` fp32/bf16 [T, L] local indexer scores (L <= 2**17), ``lengths`` int32 [T] local
+    valid lengths. ``packed`` holds the rank's best N = dcp_merge_local_topk(topk, world_size)
+    candidates in the B' layout; ``rescue`` its local top-K in the same layout (K' = K rounded up
+    to 32 slots), in the same key order.
+    """
+    rows = scores.shape[0]
+    local_topk = dcp_merge_local_topk(topk, world_size) if world_size >= 1 else 0
+    packed = torch.empty(rows, packed_row_words(local_topk), dtype=torch.int32, device=scores.device)
+    rescue = torch.empty(rows, packed_row_words(rescue_row_slots(topk)), dtype=torch.int32, device=scores.device)
+    torch.ops.sparse_decode.dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue)
+    return packed, rescue
+
+
+def merge_packed(
+    gathered: torch.Tensor, rescue: torch.Tensor, topk: int, rank: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One-round merge on ``rank``: (global_ids [T, K], local_ids [T, K], local_count [T]).
+
+    ``gathered`` int32 [W, T, words]: every rank's packed row; ``rescue`` int32 [W, T, words']:
+    every rank's rescue row (only saturated ranks' rows are used). Ids ascending, -1 padded.
+    """
+    global_ids, local_ids, local_count = _merge_outputs(gathered.shape[1], topk, gathered.device)
+    torch.ops.sparse_decode.dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count)
+    return global_ids, local_ids, local_count
+
+
+def local_topk_keys(
+    scores: torch.Tensor, lengths: torch.Tensor, world_size: int, rank: int, topk: int
+) -> torch.Tensor:
+    """Generic path, one rank: its local top-K as int64 merge keys [T, K] (-1 = empty)."""
+    keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)
+    torch.ops.sparse_decode.dcp_local_keys(scores, lengths, world_size, rank, topk, keys)
+    return keys
+
+
+def merge_generic(gathered_keys: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Generic merge on ``rank`` of every rank's local top-K keys [W, T, K]."""
+    _, rows, topk = gathered_keys.shape
+    global_ids, local_ids, local_count = _merge_outputs(rows, topk, gathered_keys.device)
+    torch.ops.sparse_decode.dcp_merge_generic(gathered_keys, rank, global_ids, local_ids, local_count)
+    return global_ids, local_ids, local_count
+
+
+def simulate_dcp_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int, *, return_local: bool = False):
+    """Run in one process exactly the pack and one-round merge that a W-rank group runs.
+
+    Args:
+        scores: [W, T, L] each rank's local scores; lengths: int32 [W, T] local valid lengths.
+    Returns:
+        global_ids int32 [T, topk] (rank 0's; every rank merges the same rows); with
+        ``return_local`` also each rank's (local_ids [W, T, topk], local_count [W, T]).
+    """
+    if not isinstance(scores, torch.Tensor) or scores.dim() != 3:
+        raise ValueError("scores must be a [W, T, L] tensor")
+    if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != tuple(scores.shape[:2]):
+        raise ValueError(f"lengths must be a [W, T] = {tuple(scores.shape[:2])} tensor")
+    world_size = scores.shape[0]
+    rows = [pack_candidates(scores[r], lengths[r], world_size, r, topk) for r in range(world_size)]
+    gathered = torch.stack([p for p, _ in rows])
+    rescue = torch.stack([q for _, q in rows])
+    merged = [merge_packed(gathered, rescue, topk, r) for r in range(world_size)]
+    if not return_local:
+        return merged[0][0]
+    return merged[0][0], torch.stack([m[1] for m in merged]), torch.stack([m[2] for m in merged])
+
+
+# -------------------------------------------------------------------------- process groups
+
+
+def _group_device(group) -> torch.device:
+    backend = dist.get_backend(group)
+    if backend == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, str]:
+    """Whether this rank alone could run the one-round merge, and why not."""
+    world_size = dist.get_world_size(group)
+    if world_size <= 1 or world_size > MAX_WORLD_SIZE:
+        return False, f"world size {world_size} outside 2..{MAX_WORLD_SIZE}"
+    if dcp_merge_local_topk(topk, world_size) == 0:
+        return False, f"no one-round saving for topk={topk}, world size {world_size}"
+    if max_local_len is not None and max_local_len > 1 << LOCAL_INDEX_BITS:
+        return False, f"local lengths up to {max_local_len} exceed 2**{LOCAL_INDEX_BITS}"
+    if _group_device(group).type != "cuda":
+        return False, "not a CUDA (NCCL) group"
+    # The symmetric-memory exchange and rescue kernels are not built yet (issue: DCP one-round).
+    return False, "the one-round GPU merge is not available in this build"
+
+
+def _agree(supported: bool, group) -> bool:
+    """One all-reduce (MIN) over the group: the one-round merge only if every rank has it."""
+    flag = torch.tensor([1 if supported else 0], dtype=torch.int32, device=_group_device(group))
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int | None = None) -> int:
+    """Set up the one-round merge for ``group``; return its N, or 0 to keep the generic merge.
+
+    Collective: every rank calls it, in the same order, before any CUDA graph capture. The ranks
+    agree with one all-reduce; if any rank cannot have the one-round merge (W = 1 or > 16, not a
+    CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank returns 0: fail closed,
+    never lossy. Calling it again for the same group and topk returns the agreed value.
+    """
+    group = group if group is not None else dist.group.WORLD
+    name = group.group_name
+    if (name, topk) in _INIT:
+        return _INIT[(name, topk)]
+    if not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
+    supported, why = _local_support(group, topk, max_local_len)
+    agreed = _agree(supported, group)
+    local_topk = dcp_merge_local_topk(topk, dist.get_world_size(group)) if agreed else 0
+    if local_topk:
+        _MERGE_MAX_ROWS[(topk, local_topk)] = max_rows
+    else:
+        log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
+    _INIT[(name, topk)] = local_topk
+    return local_topk
+
+
+# torch >= 2.13 renames all_gather_into_tensor (and deprecates the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _all_gather(tensor: torch.Tensor, group) -> torch.Tensor:
+    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective."""
+    world_size = dist.get_world_size(group)
+    # Stacked along dim 0, the layout every backend (gloo included) accepts.
+    out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
+    _all_gather_single(out, tensor.contiguous(), group=group)
+    return out.view((world_size,) + tuple(tensor.shape))
+
+
+def dcp_topk_merge(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    group=None,
+    *,
+    local_topk: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The full step on this rank of ``group``: (global_ids, local_ids, local_count).
+
+    Args:
+        scores: this rank's local indexer scores, fp32/bf16 [T, L].
+        lengths: int32 [T] local valid lengths.
+        topk: K, the global selection size.
+        group: the DCP process group (default: the world).
+        local_topk: N of the one-round merge; default what ``init_dcp_topk_merge`` agreed (0 when
+            it was not called). 0 takes the generic merge. Passing N explicitly on a CPU group runs
+            the one-round algorithm with the rescue rows fetched by a second all-gather.
+    """
+    group = group if group is not None else dist.group.WORLD
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if local_topk is None:
+        local_topk = _INIT.get((group.group_name, topk), 0)
+    if local_topk and local_topk != dcp_merge_local_topk(topk, world_size):
+        raise ValueError(f"local_topk must be 0 or dcp_merge_local_topk({topk}, {world_size}), got {local_topk}")
+    # Only the GPU path has a rescue workspace to outgrow; the CPU stand-in has none.
+    has_room = _group_device(group).type == "cpu" or dcp_topk_merge_fits(scores.shape[0], topk, local_topk)
+    if local_topk and has_room:
+        packed, rescue = pack_candidates(scores, lengths, world_size, rank, topk)
+        return merge_packed(_all_gather(packed, group), _all_gather(rescue, group), topk, rank)
+    keys = local_topk_keys(scores, lengths, world_size, rank, topk)
+    return merge_generic(_all_gather(keys, group), rank)

@@ -1,0 +1,57 @@
+"""Configuration helpers of the one-round DCP decode top-k merge, exactly as seed 000 defines them.
+
+Import-light on purpose: model construction asks these before any kernel exists.
+
+Packed candidate rows (the seed's "B'" layout), int32 [T, N + N/32] per rank, N a multiple of 32,
+local index ``l`` < 2**17 (global id ``l * W + rank``):
+
+- word j < N: ``(ord16(s) << 16) | (0xFFFF - (l & 0xFFFF))`` as uint32, ``s`` the bf16 score bits
+  (rounded to nearest even, then NaN as -inf and -0.0 as +0.0); 0 is an empty slot; any order;
+- word N + j // 32, bit j % 32: bit 16 of ``l`` for candidate j.
+"""
+
+from __future__ import annotations
+
+MAX_WORLD_SIZE = 16
+LOCAL_INDEX_BITS = 17
+_WARP = 32
+
+# (topk, local_topk) -> rows that one merge call may hold; filled by init_dcp_topk_merge.
+_MERGE_MAX_ROWS: dict[tuple[int, int], int] = {}
+
+
+def dcp_merge_local_topk(topk: int, world_size: int) -> int:
+    """Per-rank candidate count N: 1.5x the fair share ``topk / world_size``, warp-aligned.
+
+    0 when it would not be smaller than ``topk`` (then the one-round merge saves nothing)."""
+    fair_share = -(-topk // world_size)
+    local_topk = -(-(3 * fair_share) // (2 * _WARP)) * _WARP
+    return local_topk if local_topk < topk else 0
+
+
+def packed_row_words(local_topk: int) -> int:
+    """int32 words per packed row: N candidate words + N/32 bit-plane words."""
+    return local_topk + local_topk // _WARP
+
+
+def rescue_slots(topk: int, local_topk: int) -> int:
+    """Upper bound on the saturated ranks of one row.
+
+    A saturated rank sent N candidates, all strictly above the K-th selected key, so they are
+    among the K - 1 keys above it: at most ``(K - 1) // N`` such ranks."""
+    return (topk - 1) // local_topk
+
+
+def dcp_topk_merge_max_rows(topk: int, local_topk: int) -> int:
+    """Rows one merge call may hold (0 when the merge was not initialized for this pair)."""
+    return _MERGE_MAX_ROWS.get((topk, local_topk), 0)
+
+
+def dcp_topk_merge_fits(num_rows: int, topk: int, local_topk: int) -> bool:
+    """Whether a step of ``num_rows`` rows takes the one-round merge (the same on every rank)."""
+    return local_topk > 0 and num_rows <= dcp_topk_merge_max_rows(topk, local_topk)
+
+
+def rescue_row_slots(topk: int) -> int:
+    """Slots of a rank's rescue row (its local top-K in the B' layout): K rounded up to 32."""
+    return -(-topk // _WARP) * _WARP

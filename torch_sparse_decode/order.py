@@ -1,0 +1,89 @@
+"""The library's one total order over ``(score, id)`` pairs (SPEC section 1).
+
+1. canonicalize the score: NaN becomes -inf, -0.0 becomes +0.0;
+2. larger score first;
+3. on equal scores, the lower id first.
+
+Every reference in this package ranks through these helpers, so every op selects the same set for
+the same input. The composite keys are int64 and unique per id, so ``torch.topk`` over them has no
+ties left to break and its result does not depend on the algorithm behind it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "canonical",
+    "ordered_bits",
+    "composite_key",
+    "bf16_ord16",
+    "KEY_NONE",
+    "topk_by_key",
+    "ascending_ids",
+]
+
+# Below every live composite key (a live key's high half is at least ordered_bits(-inf) - 2**31).
+KEY_NONE = torch.iinfo(torch.int64).min
+
+
+def canonical(x: torch.Tensor) -> torch.Tensor:
+    """fp32 copy of ``x`` with NaN -> -inf and -0.0 -> +0.0 (bf16 widens to fp32 exactly)."""
+    x = x.float()
+    # Adding +0.0 turns -0.0 into +0.0 and leaves every other value unchanged.
+    return torch.where(torch.isnan(x), float("-inf"), x) + 0.0
+
+
+def ordered_bits(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving map of canonical fp32 scores onto int64 in [0, 2**32): larger is better."""
+    bits = x.float().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    negative = bits >= 0x80000000
+    return torch.where(negative, 0xFFFFFFFF - bits, bits | 0x80000000)
+
+
+def composite_key(score: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """int64 key ranking ``(score, id)`` pairs in the library order; ``score`` must be canonical.
+
+    High 32 bits: the ordered score bits (shifted into the signed range); low 32 bits: the
+    complement of the id, so that on equal scores the lower id gets the larger key.
+    """
+    ids = ids.to(torch.int64)
+    return ((ordered_bits(score) - (1 << 31)) << 32) | (0xFFFFFFFF - ids)
+
+
+def bf16_ord16(x: torch.Tensor) -> torch.Tensor:
+    """The seed's ord16 of scores rounded to bf16 (round to nearest even), then canonical, as int64.
+
+    Canonicalized after the rounding: a tiny negative fp32 rounds to bf16 -0.0, which must tie
+    +0.0. ``ord16(s) = s | 0x8000`` for a clear sign bit, ``~s & 0xFFFF`` otherwise.
+    """
+    rounded = canonical(x.to(torch.bfloat16)).to(torch.bfloat16)
+    bits = rounded.view(torch.int16).to(torch.int64) & 0xFFFF
+    return torch.where(bits >= 0x8000, 0xFFFF - bits, bits | 0x8000)
+
+
+def topk_by_key(keys: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best ``min(k, n)`` keys of each row, best first: (keys, column indices).
+
+    Columns whose key is ``KEY_NONE`` are never live; their slots come back as ``KEY_NONE``.
+    """
+    n = keys.shape[-1]
+    if n == 0 or k == 0:
+        empty = keys.new_empty(keys.shape[:-1] + (0,))
+        return empty, empty
+    values, index = torch.topk(keys, min(k, n), dim=-1, largest=True, sorted=True)
+    return values, index
+
+
+def ascending_ids(ids: torch.Tensor, live: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows of ``ids`` where ``live``, sorted ascending, then -1 padding, as int32 [rows, k]."""
+    rows = ids.shape[0]
+    out = torch.full((rows, k), -1, dtype=torch.int32, device=ids.device)
+    if ids.shape[-1] == 0:
+        return out
+    big = torch.iinfo(torch.int64).max
+    ordered, _ = torch.sort(torch.where(live, ids.to(torch.int64), big), dim=-1)
+    ordered = torch.where(ordered == big, -1, ordered).to(torch.int32)
+    width = min(k, ordered.shape[-1])
+    out[:, :width] = ordered[:, :width]
+    return out

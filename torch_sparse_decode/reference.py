@@ -1,0 +1,266 @@
+"""Exact pure-torch references of every op: the CPU kernels and the test oracle's subject.
+
+Each function has its op's signature (``torch.ops.sparse_decode.<name>``) and writes into the
+caller-owned outputs. They rank through ``order.py`` only, so they all follow SPEC section 1.
+They are written for clarity and exactness, not speed; on CUDA tensors they are a chain of stock
+torch ops (a stand-in until the op's kernel is registered, never the fast path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .order import KEY_NONE, ascending_ids, bf16_ord16, canonical, composite_key, topk_by_key
+
+WARP = 32
+
+
+# --------------------------------------------------------------------------------- MoE routing
+
+
+def moe_route(
+    scores: torch.Tensor,
+    bias: torch.Tensor,
+    topk: int,
+    renormalize: bool,
+    scale: float,
+    apply_sigmoid: bool,
+    weights: torch.Tensor,
+    ids: torch.Tensor,
+) -> None:
+    """Top-``topk`` experts by ``score + bias``; weights from the unbiased scores (SPEC 2.1)."""
+    num_experts = scores.shape[1]
+    score = torch.sigmoid(scores) if apply_sigmoid else scores
+    key = score + bias
+    invalid = torch.isnan(score) | torch.isnan(key)
+    score = torch.where(invalid, 0.0, score)
+    experts = torch.arange(num_experts, device=scores.device)
+    keys = composite_key(canonical(torch.where(invalid, float("-inf"), key)), experts)
+    _, chosen = topk_by_key(keys, topk)
+    picked = score.gather(1, chosen)
+    if renormalize:
+        total = picked.sum(dim=1, keepdim=True)
+        picked = picked / torch.where(total > 0, total, 1.0)
+    weights.copy_(picked * scale)
+    ids.copy_(chosen)
+
+
+# ------------------------------------------------------------------------------ top-k engine
+
+
+def _ascending_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Column ids of the best ``k`` live keys of each row (``KEY_NONE`` = not live), ascending."""
+    best, index = topk_by_key(keys, k)
+    return ascending_ids(index, best != KEY_NONE, k)
+
+
+def _prefix_keys(scores: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Composite keys of each row's columns, ``KEY_NONE`` at and beyond ``ends`` (already clamped)."""
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    keys = composite_key(canonical(scores), columns)
+    return torch.where(columns < ends[:, None], keys, KEY_NONE)
+
+
+def _clamped(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    return lengths.to(torch.int64).clamp(0, width)
+
+
+def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """Exact top-``k`` token positions of each row's valid prefix, ascending, -1 padded."""
+    ends = _clamped(lengths, scores.shape[1])
+    out.copy_(_ascending_topk(_prefix_keys(scores, ends), k))
+
+
+def block_scores(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
+    """fp32 [rows, ceil(width / block_size)]: max over each block's valid columns, canonical.
+
+    NaN columns are ignored (a block of only NaN scores -inf); blocks past the valid prefix score
+    -inf too, and are excluded by the caller, which knows how many blocks are valid.
+    """
+    rows, width = logits.shape
+    num_blocks = -(-width // block_size)
+    ends = _clamped(row_ends, width)
+    columns = torch.arange(width, device=logits.device)
+    values = torch.where(columns < ends[:, None], canonical(logits), float("-inf"))
+    padded = values.new_full((rows, num_blocks * block_size), float("-inf"))
+    padded[:, :width] = values
+    return padded.view(rows, num_blocks, block_size).amax(dim=2)
+
+
+def select_candidate_blocks(
+    logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor
+) -> None:
+    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded."""
+    rows, width = logits.shape
+    k = out.shape[1]
+    scores = block_scores(logits, row_ends, block_size)
+    valid_blocks = (_clamped(row_ends, width) + block_size - 1) // block_size
+    newest = valid_blocks - 1
+    # The newest block is taken apart (pinned), so the others compete for k - 1 slots.
+    others = _prefix_keys(scores, newest.clamp(min=0))
+    best, index = topk_by_key(others, k - 1)
+    ids = torch.cat([index, newest[:, None]], dim=1)
+    live = torch.cat([best != KEY_NONE, (valid_blocks > 0)[:, None]], dim=1)
+    out.copy_(ascending_ids(ids, live, k))
+
+
+# ------------------------------------------------------------------------ DCP decode top-k merge
+#
+# Candidate keys of the merge: ord16 of the bf16-rounded score in bits 32..47, the complement of
+# the 32-bit global id below, so a larger key is better and equal scores go to the lower id.
+# Empty candidates are -1 (a live key is at least ord16(-inf) << 32 > 0).
+
+EMPTY = -1
+
+
+def _dcp_key(ord16: torch.Tensor, global_id: torch.Tensor) -> torch.Tensor:
+    return (ord16 << 32) | (0xFFFFFFFF - global_id)
+
+
+def _key_global_id(key: torch.Tensor) -> torch.Tensor:
+    return 0xFFFFFFFF - (key & 0xFFFFFFFF)
+
+
+def _local_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
+    """The rank's best ``topk`` local tokens in merge order: (ord16, local index, live), best first."""
+    length = scores.shape[1]
+    ends = _clamped(lengths, length)
+    local = torch.arange(length, device=scores.device)
+    ord16 = bf16_ord16(scores)
+    keys = torch.where(local < ends[:, None], _dcp_key(ord16, local), EMPTY)
+    best, index = topk_by_key(keys, topk)
+    live = best != EMPTY
+    pad = topk - index.shape[1]
+    if pad:
+        fill = index.new_zeros(index.shape[0], pad)
+        index, live = torch.cat([index, fill], 1), torch.cat([live, fill.bool()], 1)
+    return ord16.gather(1, index), index, live
+
+
+def _as_int32(words: torch.Tensor) -> torch.Tensor:
+    """uint32 values held in int64 -> the int32 with the same bits."""
+    return (words - ((words >> 31) << 32)).to(torch.int32)
+
+
+def _encode_b_prime(ord16: torch.Tensor, local: torch.Tensor, live: torch.Tensor, slots: int) -> torch.Tensor:
+    """The seed's B' row with ``slots`` slots (a multiple of 32): candidate words, then bit planes."""
+    rows, count = ord16.shape
+    words = torch.zeros(rows, slots, dtype=torch.int64, device=ord16.device)
+    planes = torch.zeros(rows, slots, dtype=torch.int64, device=ord16.device)
+    word = (ord16 << 16) | (0xFFFF - (local & 0xFFFF))
+    words[:, :count] = torch.where(live, word, 0)
+    planes[:, :count] = torch.where(live, (local >> 16) & 1, 0)
+    shifts = torch.arange(WARP, device=ord16.device)
+    plane_words = (planes.view(rows, slots // WARP, WARP) << shifts).sum(dim=2)
+    return _as_int32(torch.cat([words, plane_words], dim=1))
+
+
+def decode_b_prime(row: torch.Tensor, slots: int):
+    """Inverse of the B' layout: (ord16, local index, live) per slot, int64/bool [..., slots]."""
+    row = row.to(torch.int64) & 0xFFFFFFFF
+    words, plane_words = row[..., :slots], row[..., slots:]
+    slot = torch.arange(slots, device=row.device)
+    bit16 = (plane_words[..., slot // WARP] >> (slot % WARP)) & 1
+    local = (0xFFFF - (words & 0xFFFF)) | (bit16 << 16)
+    return words >> 16, local, words != 0
+
+
+def dcp_pack(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    world_size: int,
+    rank: int,
+    topk: int,
+    packed: torch.Tensor,
+    rescue: torch.Tensor,
+) -> None:
+    """The rank's packed B' row of its best N candidates, and its local top-K (rescue row)."""
+    n = packed.shape[1] * WARP // (WARP + 1)
+    rescue_slots = rescue.shape[1] * WARP // (WARP + 1)
+    ord16, local, live = _local_topk(scores, lengths, topk)
+    packed.copy_(_encode_b_prime(ord16[:, :n], local[:, :n], live[:, :n], n))
+    rescue.copy_(_encode_b_prime(ord16, local, live, rescue_slots))
+
+
+def _emit(keys, topk, world_size, rank, global_ids, local_ids, local_count) -> None:
+    """Global top-``topk`` of candidate keys (-1 = empty) -> ascending global and own local ids."""
+    best, _ = topk_by_key(keys, topk)
+    live = best != EMPTY
+    global_id = _key_global_id(best)
+    global_ids.copy_(ascending_ids(global_id, live, topk))
+    mine = live & (global_id % world_size == rank)
+    local_ids.copy_(ascending_ids(global_id // world_size, mine, topk))
+    local_count.copy_(mine.sum(dim=1))
+
+
+def _candidate_keys(rows: torch.Tensor, slots: int, world_size: int) -> torch.Tensor:
+    """[W, T, words] B' rows -> [W, T, slots] merge keys on global ids, -1 where empty."""
+    ord16, local, live = decode_b_prime(rows, slots)
+    rank = torch.arange(world_size, device=rows.device).view(world_size, 1, 1)
+    return torch.where(live, _dcp_key(ord16, local * world_size + rank), EMPTY)
+
+
+def saturated_ranks(gathered: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sent candidate keys [W, T, N] and which ranks are saturated [W, T] (see ``dcp_merge``)."""
+    world_size, rows, words = gathered.shape
+    n = words * WARP // (WARP + 1)
+    sent = _candidate_keys(gathered, n, world_size)
+    union = sent.permute(1, 0, 2).reshape(rows, world_size * n)
+    if union.shape[1] >= topk:
+        threshold = torch.topk(union, topk, dim=1).values[:, -1]
+    else:
+        threshold = torch.full((rows,), EMPTY, dtype=torch.int64, device=gathered.device)
+    full = (sent != EMPTY).all(dim=2)
+    lowest_sent = torch.where(sent != EMPTY, sent, torch.iinfo(torch.int64).max).amin(dim=2)
+    return sent, full & (lowest_sent > threshold[None, :])
+
+
+def dcp_merge(
+    gathered: torch.Tensor,
+    rescue: torch.Tensor,
+    topk: int,
+    rank: int,
+    global_ids: torch.Tensor,
+    local_ids: torch.Tensor,
+    local_count: torch.Tensor,
+) -> None:
+    """One-round merge of every rank's packed row, rescuing saturated ranks (SPEC 2.3, 2.4).
+
+    t0 is the K-th key of the union of the sent candidates (or none when the union is smaller than
+    K). A rank that sent a full row whose every candidate ranks above t0 is saturated, and its sent
+    row is replaced by its local top-K (its rescue row); the global top-K is in that candidate set.
+    """
+    world_size, rows, _ = gathered.shape
+    sent, saturated = saturated_ranks(gathered, topk)
+    deeper = _candidate_keys(rescue, rescue.shape[2] * WARP // (WARP + 1), world_size)
+    # A saturated rank contributes only its rescue row (a superset of what it sent).
+    sent = torch.where(saturated[:, :, None], EMPTY, sent)
+    deeper = torch.where(saturated[:, :, None], deeper, EMPTY)
+    candidates = torch.cat([sent, deeper], dim=2).permute(1, 0, 2).reshape(rows, -1)
+    _emit(candidates, topk, world_size, rank, global_ids, local_ids, local_count)
+
+
+def dcp_local_keys(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    world_size: int,
+    rank: int,
+    topk: int,
+    keys: torch.Tensor,
+) -> None:
+    """The rank's local top-K as int64 merge keys on global ids (-1 = empty): the generic exchange."""
+    ord16, local, live = _local_topk(scores, lengths, topk)
+    keys.copy_(torch.where(live, _dcp_key(ord16, local * world_size + rank), EMPTY))
+
+
+def dcp_merge_generic(
+    gathered_keys: torch.Tensor,
+    rank: int,
+    global_ids: torch.Tensor,
+    local_ids: torch.Tensor,
+    local_count: torch.Tensor,
+) -> None:
+    """Generic merge: the global top-K of every rank's full local top-K keys [W, T, K]."""
+    world_size, rows, topk = gathered_keys.shape
+    candidates = gathered_keys.permute(1, 0, 2).reshape(rows, world_size * topk)
+    _emit(candidates, topk, world_size, rank, global_ids, local_ids, local_count)
