@@ -63,23 +63,47 @@ def candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: i
 
 
 def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=False):
-    """(weights fp32 [T, topk], ids int32 [T, topk]) computed token by token."""
+    """(weights f64 [T, topk], ids int32 [T, topk], condition f64 [T]) computed token by token.
+
+    Weights are computed in float64 from the fp32 scores (the exact value the op rounds);
+    ``condition`` is sum|w| / |sum w| of each renormalized row (1 otherwise): how much the
+    renormalizing sum can amplify rounding."""
     scores = torch.sigmoid(scores) if apply_sigmoid else scores
-    weights, ids = [], []
+    weights, ids, condition = [], [], []
     for row in scores:
         key = row + bias
         bad = torch.isnan(row) | torch.isnan(key)
         key = torch.where(bad, float("-inf"), key)
         chosen = ranked(key)[:topk]
-        w = torch.where(bad, 0.0, row)[chosen]
+        w = torch.where(bad, 0.0, row)[chosen].double()
+        cond = 1.0
         if renormalize:
             total = w.sum()
             w = w / (total if total > 0 else 1.0)
+            if total > 0 and torch.isfinite(total):
+                cond = (w.abs().sum() / w.sum()).item()
         weights.append(w * scale)
         ids.append(chosen.to(torch.int32))
+        condition.append(cond)
     if not weights:
-        return torch.empty(0, topk), torch.empty(0, topk, dtype=torch.int32)
-    return torch.stack(weights), torch.stack(ids)
+        return torch.empty(0, topk, dtype=torch.float64), torch.empty(0, topk, dtype=torch.int32), torch.ones(0)
+    return torch.stack(weights), torch.stack(ids), torch.tensor(condition, dtype=torch.float64)
+
+
+def assert_weights_close(got: torch.Tensor, want: torch.Tensor, condition: torch.Tensor, topk: int) -> None:
+    """fp32 weights against float64 ones within the rounding any summation order may give.
+
+    Each weight is s_i * scale / S with S a sum of ``topk`` fp32 terms: any order of that sum is
+    within (topk - 1) eps * sum|s| of the exact one, and the division, scale and stores add a few
+    more roundings, so |got - want| <= (topk + 3) * eps * condition * |want|."""
+    eps = torch.finfo(torch.float32).eps
+    got = got.double()
+    finite = torch.isfinite(want)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN weights differ"
+    assert torch.equal(got[~finite & ~torch.isnan(want)], want[~finite & ~torch.isnan(want)]), "inf weights differ"
+    bound = (topk + 3) * eps * condition[:, None] * want.abs() + 1e-37
+    err = (got - want).abs()
+    assert bool((err[finite] <= bound[finite]).all()), f"weights off by up to {(err / bound)[finite].max():.2f}x the bound"
 
 
 def dcp_global_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
