@@ -17,6 +17,10 @@ def route(s, b, topk, device, **kw):
 
 def check(s, b, topk, device, **kw):
     weights, ids = route(s, b, topk, device, **kw)
+    if kw.get("apply_sigmoid") and device != "cpu":
+        # The contract: moe_route(x, apply_sigmoid=True) == moe_route(torch.sigmoid(x)) on the same
+        # device (CPU and CUDA sigmoids may differ by an ulp, which can reorder near-ties).
+        s, kw = torch.sigmoid(s.to(device)).cpu(), {**kw, "apply_sigmoid": False}
     want_w, want_ids, condition = oracle.moe_route(s, b, topk, **kw)
     assert torch.equal(ids, want_ids)
     # Distinct valid experts, always.
@@ -91,3 +95,24 @@ def test_largest_batch(device):
 def test_empty_batch(device):
     w, ids = route(torch.empty(0, 896), torch.zeros(896), 16, device)
     assert w.shape == (0, 16) and ids.shape == (0, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("experts,topk", [(896, 16), (1024, 16), (384, 8)])
+def test_crowded_candidates(device, experts, topk):
+    """The top keys concentrated in half of the expert groups (e % 32): a long candidate list."""
+    gen = torch.Generator().manual_seed(experts)
+    s = torch.rand(6, experts, generator=gen) * 0.1
+    hot = (torch.arange(experts) % 32) < 16
+    s[:, hot] = 0.9 + torch.rand(6, int(hot.sum()), generator=gen) * 0.1
+    s[1, hot] = 0.95  # and tied
+    s[2] = torch.where(hot, 0.95, float("nan"))
+    check(s, torch.zeros(experts), topk, device)
+
+
+@pytest.mark.gpu
+def test_sigmoid_is_torch_cuda_sigmoid_bit_for_bit():
+    x = torch.randn(64, 896, device="cuda") * 8
+    x[0, :100] = torch.linspace(-90, 90, 100)
+    weights, ids = tsd.moe_route(x, torch.zeros(896, device="cuda"), 16, renormalize=False, apply_sigmoid=True)
+    assert torch.equal(weights, torch.sigmoid(x).gather(1, ids.long()))
