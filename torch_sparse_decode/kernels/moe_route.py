@@ -17,8 +17,8 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
 Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
 crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
 64-bit keys make such rows as cheap as random ones (exactly ``topk`` candidates). Random router
-scores give ~20-40 candidates; an adversarial row can give up to 16 * 28, which is still exact,
-only slower (the ranking is quadratic in the candidate count).
+scores give ~20-40 candidates, ranked by up to 32 threads each; an adversarial row can give up
+to 16 * 28, which is still exact, only slower (ranking is quadratic in the candidate count).
 
 The sigmoid is ``1 / (1 + exp(-x))`` with the accurate ``expf`` and an IEEE division, the formula
 torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the same device.
@@ -32,23 +32,29 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Uint32, Uint64
+from cutlass import Float32, Int32, Int64, Uint32
 
 THREADS = 256
 WARPS = THREADS // 32
 MAX_EXPERTS = 1024
 
 
+KEY_NONE = -(1 << 63)  # below every real key
+
+
 @cute.jit
-def ordered_key(key: Float32, expert: Int32) -> Uint64:
-    """64-bit library-order key of a canonical fp32 key (NaN already mapped to -inf)."""
-    bits = key.bitcast(Uint32)
-    if bits == Uint32(0x80000000):  # -0.0 ties +0.0
-        bits = Uint32(0)
-    ordered = bits | Uint32(0x80000000)
-    if (bits & Uint32(0x80000000)) != Uint32(0):
-        ordered = ~bits
-    return (Uint64(ordered) << Uint64(32)) | Uint64(Uint32(0xFFFFFFFF) - Uint32(expert))
+def ordered_key(key: Float32, expert: Int32) -> Int64:
+    """Signed 64-bit library-order key of an fp32 key (NaN already mapped to -inf).
+
+    High half: the fp32 bits as a signed int with the negative range flipped (order-preserving);
+    low half: ``0xFFFFFFFF - expert``, so equal scores rank the lower id first. Signed keys keep
+    every comparison and max in one signedness.
+    """
+    bits = key.bitcast(Int32)
+    if bits == Int32(-(1 << 31)):  # -0.0 ties +0.0
+        bits = Int32(0)
+    flipped = bits ^ ((bits >> 31) & Int32(0x7FFFFFFF))
+    return (Int64(flipped) << 32) | (Int64(0xFFFFFFFF) - Int64(expert))
 
 
 class MoeRoute:
@@ -73,22 +79,22 @@ class MoeRoute:
         token, _, _ = cute.arch.block_idx()
         warp, lane = tid // 32, tid % 32
 
-        smem = cutlass.utils.SmemAllocator()
-        group_max = smem.allocate_tensor(Uint64, cute.make_layout((WARPS, 32), stride=(32, 1)), 16)
-        maxima = smem.allocate_tensor(Uint64, cute.make_layout(32), 16)
-        threshold = smem.allocate_tensor(Uint64, cute.make_layout(1), 16)
+        smem = cutlass.memory.SmemAllocator()
+        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 32), stride=(32, 1)), 16)
+        maxima = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
+        threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
         warp_count = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
-        cand_key = smem.allocate_tensor(Uint64, cute.make_layout(MAX_EXPERTS), 16)
+        cand_key = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS), 16)
         cand_weight = smem.allocate_tensor(Float32, cute.make_layout(MAX_EXPERTS), 16)
         picked = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
 
         # 1. Keys and unbiased weights of this thread's experts.
-        keys = cute.make_rmem_tensor(self.per_thread, Uint64)
+        keys = cute.make_rmem_tensor(self.per_thread, Int64)
         score_of = cute.make_rmem_tensor(self.per_thread, Float32)
-        mine = Uint64(0)
+        mine = Int64(KEY_NONE)
         for i in cutlass.range_constexpr(self.per_thread):
             expert = tid + THREADS * i
-            keys[i] = Uint64(0)  # below every real key
+            keys[i] = Int64(KEY_NONE)
             score_of[i] = Float32(0.0)
             if expert < self.experts:
                 score = scores[token, expert]
@@ -144,15 +150,28 @@ class MoeRoute:
             base += Int32(cute.arch.popc(ballot))
         cute.arch.sync_threads()
 
-        # Each candidate's rank is its output slot.
-        for j in range(tid, total, THREADS):
-            key = cand_key[j]
-            rank = Int32(0)
-            for q in range(total):
-                rank += Int32(cand_key[q] > key)
-            if rank < self.topk:
-                ids[token, rank] = Int32(Uint32(0xFFFFFFFF) - Uint32(key & Uint64(0xFFFFFFFF)))
-                picked[rank] = cand_weight[j]
+        # Each candidate's rank (candidates above it) is its output slot. P threads share a
+        # candidate, each counting over every P-th candidate, so short lists finish in a few steps.
+        lanes_per = Int32(1)
+        for s in cutlass.range_constexpr(5):
+            if total * (2 << s) <= THREADS:
+                lanes_per = Int32(2 << s)
+        per_pass = THREADS // lanes_per
+        for first in range(0, total, per_pass):
+            j = first + tid // lanes_per
+            above = Int32(0)
+            key = Int64(KEY_NONE)
+            if j < total:
+                key = cand_key[j]
+                for q in range(tid % lanes_per, total, lanes_per):
+                    above += Int32(cand_key[q] > key)
+            for s in cutlass.range_constexpr(5):
+                other = cute.arch.shuffle_sync_bfly(above, offset=1 << s)
+                if (1 << s) < lanes_per:
+                    above += other
+            if (j < total) & (tid % lanes_per == 0) & (above < self.topk):
+                ids[token, above] = Int32(Int64(0xFFFFFFFF) - (key & Int64(0xFFFFFFFF)))
+                picked[above] = cand_weight[j]
         cute.arch.sync_threads()
 
         # 4. Weights: renormalize over the selected (a sum that is not > 0 divides by 1), scale.
