@@ -17,7 +17,7 @@ from .. import reference
 from .._library import register_kernel, register_warmup
 
 # op name -> module in this package holding a function of the same name (its CUDA kernel).
-CUDA_KERNELS = {"moe_route": "moe_route"}
+CUDA_KERNELS = {"moe_route": "moe_route", "select_candidate_blocks": "topk", "indexer_topk": "topk"}
 
 
 def _load(module: str):
