@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 CHUNK = 16384  # keys (or block columns) one program holds in registers
-EMPTY = -(1 << 31)  # below every real key (the key of -inf is -0x7F800001)
+EMPTY = tl.constexpr(-(1 << 31))  # below every real key (the key of -inf is -0x7F800001)
 NUM_WARPS = 16
 
 
