@@ -97,6 +97,7 @@ class Table:
 
     def add(self, *values) -> None:
         self.rows.append([_fmt(v) for v in values])
+        print("  " + " | ".join(self.rows[-1]), flush=True)  # progress, in case a later row fails
 
     def markdown(self) -> str:
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
