@@ -29,10 +29,7 @@ def main() -> int:
     params = list(inspect.signature(topk._select_chunk.fn).parameters)
     seen = set()
     for mode, block, width, k, dtype in configs():
-        block_p2 = topk._next_pow2(block) if mode == 1 else 1
-        first = -(-width // block) if mode == 1 else width
-        k_sel = k - 1 if mode == 1 else k
-        levels = topk.plan(first, topk.CHUNK // block_p2 if mode == 1 else topk.CHUNK, k_sel)
+        block_p2, levels = topk.levels_for(mode, width, block, k - 1 if mode == 1 else k)
         for level, (n, chunk, keep) in enumerate(levels):
             final = level == len(levels) - 1
             const = dict(MODE=mode if level == 0 else 2, BLOCK=block, BLOCK_P2=block_p2, PINNED=mode == 1,

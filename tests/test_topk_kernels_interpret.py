@@ -28,12 +28,15 @@ def run_blocks(x, ends, block_size, k):
     return out
 
 
-def test_plans_end_in_one_chunk():
-    assert topk.plan(1 << 20, topk.CHUNK, 2048) == [(1 << 20, 16384, 2048), (131072, 16384, 2048), (16384, 16384, 2048)]
-    assert topk.plan(300, topk.CHUNK, 64) == [(300, 512, 64)]
-    for n, first, k in [(1 << 20, 256, 2047), (5000, 2048, 0), (70000, 16384, 4096)]:
-        levels = topk.plan(n, first, k)
+def test_plans_shrink_each_level_and_end_in_one_chunk():
+    assert topk.levels_for(0, 300, 1, 64) == (1, [(300, 512, 64)])
+    for mode, width, block, k_sel in [(0, 1 << 20, 1, 2048), (0, 1 << 20, 1, 4096), (1, 1 << 20, 64, 2047),
+                                      (1, 1 << 20, 8, 2047), (1, 5000, 3, 0), (0, 70000, 1, 4096)]:
+        _, levels = topk.levels_for(mode, width, block, k_sel)
         assert levels[-1][0] <= levels[-1][1]
+        for (n, chunk, keep), (n_next, _, _) in zip(levels, levels[1:]):
+            assert n_next == -(-n // chunk) * keep and (n_next < n or chunk <= k_sel + 1)
+        assert len(levels) <= 5
 
 
 @pytest.mark.parametrize("kind", KINDS)

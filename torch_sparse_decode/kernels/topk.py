@@ -6,7 +6,7 @@ Design: a tree of chunk-local exact selections, each level one launch over (rows
   valid length, not the padded width), turns scores into int32 keys in the library order (NaN as
   -inf, -0.0 as +0.0, the fp32 bits with the negative range flipped so signed order is score
   order) and, for blocks, takes each block's max on the fly.
-- Every chunk of up to 16K keys keeps exactly its own top-k: the k-th largest key t by bisection
+- Every chunk of up to 8K keys keeps exactly its own top-k: the k-th largest key t by bisection
   over the 32-bit key range (32 block-wide counts), every key > t, and the first ``k - #(> t)``
   keys equal to t in index order (a cumulative sum), so ties of any size stay exact and cost
   nothing extra. Survivors are compacted in index order (another cumulative sum).
@@ -17,7 +17,13 @@ Design: a tree of chunk-local exact selections, each level one launch over (rows
 Why Triton: the engine is block-wide reductions and scans over register tiles, which Triton
 expresses directly and runs under TRITON_INTERPRET=1 on the CPU (CI tests the same kernels).
 Why a tree rather than one cluster kernel: every level is exact on its own and reads its input
-once; the cost is one launch per level (2 or 3) and the chunk-local bisection.
+once; the cost is one launch per level (2 to 4) and the chunk-local bisection.
+
+Measured (H200, benchmarks/RESULTS.md): exact, 1.5-4.5x faster than block max + torch.topk for
+blocks, but the bisection's 32 block-wide reductions (~0.3-1 us each in Triton) make every level
+cost 10-20 us, far from the one-read floor; indexer_topk is slower than (inexact) torch.topk.
+Reaching the floor needs shared-memory radix histograms with few barriers (a CuTe DSL cluster
+kernel); this engine is the exact baseline that one must match bit for bit.
 """
 
 from __future__ import annotations
@@ -26,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 16384  # keys (or block columns) one program holds in registers
+CHUNK = 8192  # keys (or block columns) one program holds in registers
 EMPTY = tl.constexpr(-(1 << 31))  # below every real key (the key of -inf is -0x7F800001)
-NUM_WARPS = 16
+NUM_WARPS = 8  # with CHUNK: the best of 4-32 warps x 4K-16K keys on the H200
 
 
 @triton.jit
@@ -123,7 +129,9 @@ def _next_pow2(n: int) -> int:
 
 
 def plan(first_keys: int, first_chunk: int, k_sel: int) -> list[tuple[int, int, int]]:
-    """Static levels [(input keys, chunk, keep per chunk)]; the last has one chunk (final)."""
+    """Static levels [(input keys, chunk, keep per chunk)]; the last has one chunk (final).
+
+    Chunks after the first hold at least 4x what they keep, so every level shrinks the row 4x."""
     levels, n, chunk = [], first_keys, first_chunk
     while True:
         if n <= chunk:
@@ -131,17 +139,22 @@ def plan(first_keys: int, first_chunk: int, k_sel: int) -> list[tuple[int, int, 
             return levels
         keep = min(_next_pow2(k_sel), chunk)
         levels.append((n, chunk, keep))
-        n, chunk = -(-n // chunk) * keep, CHUNK
+        n, chunk = -(-n // chunk) * keep, max(CHUNK, 4 * keep)
+
+
+def levels_for(mode: int, width: int, block: int, k_sel: int) -> tuple[int, list[tuple[int, int, int]]]:
+    """(block_p2, levels) of one call: the launch sequence is a function of static shapes only."""
+    if mode == 1:
+        block_p2 = _next_pow2(block)
+        return block_p2, plan(-(-width // block), CHUNK // block_p2, k_sel)
+    return 1, plan(width, max(CHUNK, 4 * _next_pow2(k_sel)), k_sel)
 
 
 def _run(source, lengths, k_out: int, k_sel: int, out: torch.Tensor, mode: int, block: int) -> None:
     rows, width = source.shape
     if rows == 0:
         return
-    block_p2 = _next_pow2(block) if mode == 1 else 1
-    first_keys = -(-width // block) if mode == 1 else width
-    first_chunk = CHUNK // block_p2 if mode == 1 else CHUNK
-    levels = plan(first_keys, first_chunk, k_sel)
+    block_p2, levels = levels_for(mode, width, block, k_sel)
     src, src_ids, src_stride, src_lengths = source, source, source.stride(0), lengths
     cur_mode = mode
     for level, (n, chunk, keep) in enumerate(levels):
