@@ -28,6 +28,8 @@ def _cases(world_size: int):
 
 def _worker(rank: int, world_size: int, store_path: str) -> None:
     torch.set_num_threads(1)
+    # Loopback only: gloo otherwise picks the interface of the host name, which a sandbox may not route.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world_size)
     try:
         group = dist.group.WORLD
