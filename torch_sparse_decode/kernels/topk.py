@@ -6,10 +6,9 @@ Design: a tree of chunk-local exact selections, each level one launch over (rows
   valid length, not the padded width), turns scores into int32 keys in the library order (NaN as
   -inf, -0.0 as +0.0, the fp32 bits with the negative range flipped so signed order is score
   order) and, for blocks, takes each block's max on the fly.
-- Every chunk of up to 8K keys keeps exactly its own top-k: the k-th largest key t by bisection
-  over the 32-bit key range (32 block-wide counts), every key > t, and the first ``k - #(> t)``
-  keys equal to t in index order (a cumulative sum), so ties of any size stay exact and cost
-  nothing extra. Survivors are compacted in index order (another cumulative sum).
+- Every chunk of up to 8K keys keeps exactly its own top-k: the k-th largest key t built bit by
+  bit (32 block-wide counts), every key > t, and the first ``k - #(> t)`` keys equal to t in
+  index order (a cumulative sum, only when ties straddle t), so ties of any size stay exact. Survivors are compacted in index order (another cumulative sum).
 - The survivors of all chunks of a row form the next level's row; a level of one chunk is final
   and writes the ids. Index order is kept at every level, so the output is ascending without a
   sort; the pinned newest block is appended after the others (it has the largest id).
@@ -92,18 +91,20 @@ def _select_chunk(
         live = keys != EMPTY
         selected = live
         if tl.sum(live.to(tl.int32)) > k_sel:
-            # Largest t with #(keys >= t) >= k_sel, by bisection over the int32 range.
-            lo = tl.full((), -2147483647, tl.int64)
-            hi = tl.full((), 2147483647, tl.int64)
-            for _ in range(32):
-                mid = lo + (hi - lo + 1) // 2
-                enough = tl.sum((keys >= mid).to(tl.int32)) >= k_sel
-                lo = tl.where(enough, mid, lo)
-                hi = tl.where(enough, hi, mid - 1)
-            above = keys > lo
-            tied = keys == lo
+            # The k_sel-th largest key, bit by bit from the top on unsigned keys (EMPTY -> 0):
+            # t grows while at least k_sel keys are >= it. 32-bit compares only.
+            u = (keys ^ -2147483648).to(tl.uint32, bitcast=True)
+            t = tl.full((), 0, tl.uint32)
+            for i in tl.static_range(32):
+                probe = t | tl.full((), 1 << (31 - i), tl.uint32)
+                if tl.sum((u >= probe).to(tl.int32)) >= k_sel:
+                    t = probe
+            above = u > t
+            tied = u == t
             need = k_sel - tl.sum(above.to(tl.int32))
-            selected = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= need))
+            selected = above | tied
+            if need < tl.sum(tied.to(tl.int32)):  # ties at t: the lowest ids first
+                selected = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= need))
         slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
         count = tl.sum(selected.to(tl.int32))
         if FINAL:
