@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from . import dcp, reference
+from . import dcp
 from .api import indexer_topk, moe_route, select_candidate_blocks
 
 
@@ -22,48 +22,35 @@ class Example:
     expected: Callable[[], object]  # the reference on CPU copies
 
 
+def _on(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    return [t.to(device) for t in tensors]
+
+
+# On CPU tensors each op runs its reference, so `expected` calls the same wrapper on CPU copies.
+
+
 def _moe_route(device: torch.device) -> Example:
     gen = torch.Generator().manual_seed(0)
-    scores = torch.rand(8, 896, generator=gen)
-    bias = torch.randn(896, generator=gen) * 0.1
-
-    def expected():
-        weights, ids = torch.empty(8, 16), torch.empty(8, 16, dtype=torch.int32)
-        reference.moe_route(scores, bias, 16, True, 2.5, False, weights, ids)
-        return weights, ids
-
-    s, b = scores.to(device), bias.to(device)
-    return Example("moe_route", "T=8 E=896 topk=16", lambda: moe_route(s, b, 16, scale=2.5), expected)
+    scores, bias = torch.rand(8, 896, generator=gen), torch.randn(896, generator=gen) * 0.1
+    s, b = _on(device, scores, bias)
+    return Example("moe_route", "T=8 E=896 topk=16", lambda: moe_route(s, b, 16, scale=2.5),
+                   lambda: moe_route(scores, bias, 16, scale=2.5))
 
 
 def _select_candidate_blocks(device: torch.device) -> Example:
-    gen = torch.Generator().manual_seed(1)
-    logits = torch.randn(4, 32768, generator=gen)
+    logits = torch.randn(4, 32768, generator=torch.Generator().manual_seed(1))
     row_ends = torch.tensor([32768, 20000, 64, 0], dtype=torch.int32)
-
-    def expected():
-        out = torch.empty(4, 256, dtype=torch.int32)
-        reference.select_candidate_blocks(logits, row_ends, 64, out)
-        return out
-
-    x, e = logits.to(device), row_ends.to(device)
-    return Example(
-        "select_candidate_blocks", "4x32K bs=64 k=256", lambda: select_candidate_blocks(x, e, 64, 256), expected
-    )
+    x, e = _on(device, logits, row_ends)
+    return Example("select_candidate_blocks", "4x32K bs=64 k=256", lambda: select_candidate_blocks(x, e, 64, 256),
+                   lambda: select_candidate_blocks(logits, row_ends, 64, 256))
 
 
 def _indexer_topk(device: torch.device) -> Example:
-    gen = torch.Generator().manual_seed(2)
-    scores = torch.randn(4, 65536, generator=gen).to(torch.bfloat16)
+    scores = torch.randn(4, 65536, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
     lengths = torch.tensor([65536, 40000, 2048, 5], dtype=torch.int32)
-
-    def expected():
-        out = torch.empty(4, 2048, dtype=torch.int32)
-        reference.indexer_topk(scores, lengths, 2048, out)
-        return out
-
-    x, n = scores.to(device), lengths.to(device)
-    return Example("indexer_topk", "4x64K bf16 k=2048", lambda: indexer_topk(x, n, 2048), expected)
+    x, n = _on(device, scores, lengths)
+    return Example("indexer_topk", "4x64K bf16 k=2048", lambda: indexer_topk(x, n, 2048),
+                   lambda: indexer_topk(scores, lengths, 2048))
 
 
 def _dcp_inputs(seed: int):
@@ -73,35 +60,30 @@ def _dcp_inputs(seed: int):
     return scores, lengths
 
 
-def _dcp_simulated(device: torch.device) -> Example:
-    scores, lengths = _dcp_inputs(3)
-    s, n = scores.to(device), lengths.to(device)
-    return Example(
-        "dcp simulate (one-round)",
-        "W=4 T=4 L=16K K=2048",
-        lambda: dcp.simulate_dcp_topk(s, n, 2048),
-        lambda: _dcp_generic(scores, lengths, 2048),
-    )
-
-
 def _dcp_generic(scores: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
     world_size = scores.shape[0]
     keys = torch.stack([dcp.local_topk_keys(scores[r], lengths[r], world_size, r, topk) for r in range(world_size)])
     return dcp.merge_generic(keys, 0)[0]
 
 
-def _dcp_generic_example(device: torch.device) -> Example:
-    scores, lengths = _dcp_inputs(4)
-    s, n = scores.to(device), lengths.to(device)
-    return Example(
-        "dcp generic merge",
-        "W=4 T=4 L=16K K=2048",
-        lambda: _dcp_generic(s, n, 2048),
-        lambda: dcp.simulate_dcp_topk(scores, lengths, 2048),
-    )
+def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable[[torch.device], Example]:
+    """A W=4 group in one process on one merge path, checked against the other path on the CPU."""
+
+    def build(device: torch.device) -> Example:
+        scores, lengths = _dcp_inputs(seed)
+        s, n = _on(device, scores, lengths)
+        return Example(name, "W=4 T=4 L=16K K=2048", lambda: path(s, n, 2048), lambda: other_path(scores, lengths, 2048))
+
+    return build
 
 
-EXAMPLES = (_moe_route, _select_candidate_blocks, _indexer_topk, _dcp_simulated, _dcp_generic_example)
+EXAMPLES = (
+    _moe_route,
+    _select_candidate_blocks,
+    _indexer_topk,
+    _dcp("dcp simulate (one-round)", 3, dcp.simulate_dcp_topk, _dcp_generic),
+    _dcp("dcp generic merge", 4, _dcp_generic, dcp.simulate_dcp_topk),
+)
 
 
 def _same(got: object, want: object) -> bool:
