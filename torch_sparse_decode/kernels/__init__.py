@@ -35,7 +35,9 @@ def _lazy_kernel(name: str, module: str) -> Callable[..., None]:
         if not resolved:
             loaded = _load(module)
             resolved.append(getattr(loaded, name) if loaded else getattr(reference, name))
-        resolved[0](*args)
+        # Kernels launch on the current device's current stream: make that the inputs' device.
+        with torch.cuda.device(args[0].device):
+            resolved[0](*args)
 
     kernel.__name__ = name
     return kernel
