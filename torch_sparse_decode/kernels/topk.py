@@ -8,7 +8,8 @@ Design: a tree of chunk-local exact selections, each level one launch over (rows
   order) and, for blocks, takes each block's max on the fly.
 - Every chunk of up to 8K keys keeps exactly its own top-k: the k-th largest key t built bit by
   bit (32 block-wide counts), every key > t, and the first ``k - #(> t)`` keys equal to t in
-  index order (a cumulative sum, only when ties straddle t), so ties of any size stay exact. Survivors are compacted in index order (another cumulative sum).
+  index order (a cumulative sum, only when ties straddle t), so ties of any size stay exact.
+  Survivors are compacted in index order (another cumulative sum).
 - The survivors of all chunks of a row form the next level's row; a level of one chunk is final
   and writes the ids. Index order is kept at every level, so the output is ascending without a
   sort; the pinned newest block is appended after the others (it has the largest id).
@@ -16,11 +17,12 @@ Design: a tree of chunk-local exact selections, each level one launch over (rows
 Why Triton: the engine is block-wide reductions and scans over register tiles, which Triton
 expresses directly and runs under TRITON_INTERPRET=1 on the CPU (CI tests the same kernels).
 Why a tree rather than one cluster kernel: every level is exact on its own and reads its input
-once; the cost is one launch per level (2 to 4) and the chunk-local bisection.
+once; the cost is one launch per level (2 to 5) and the chunk-local threshold search.
 
-Measured (H200, benchmarks/RESULTS.md): exact, 1.5-4.5x faster than block max + torch.topk for
-blocks, but the bisection's 32 block-wide reductions (~0.3-1 us each in Triton) make every level
-cost 10-20 us, far from the one-read floor; indexer_topk is slower than (inexact) torch.topk.
+Measured (H200, benchmarks/RESULTS.md): exact, 1.3-5.4x faster than block max + torch.topk for
+blocks, but the search's 32 dependent block-wide reductions (~0.3-0.6 us each in Triton) make
+every level cost 8-20 us, far from the one-read floor; indexer_topk runs 0.5-1.3x the speed of
+(tie-inexact) torch.topk.
 Reaching the floor needs shared-memory radix histograms with few barriers (a CuTe DSL cluster
 kernel); this engine is the exact baseline that one must match bit for bit.
 """
