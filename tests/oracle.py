@@ -86,7 +86,8 @@ def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=Fal
         ids.append(chosen.to(torch.int32))
         condition.append(cond)
     if not weights:
-        return torch.empty(0, topk, dtype=torch.float64), torch.empty(0, topk, dtype=torch.int32), torch.ones(0)
+        empty = torch.empty(0, topk, dtype=torch.float64)
+        return empty, torch.empty(0, topk, dtype=torch.int32), torch.ones(0)
     return torch.stack(weights), torch.stack(ids), torch.tensor(condition, dtype=torch.float64)
 
 
@@ -103,7 +104,8 @@ def assert_weights_close(got: torch.Tensor, want: torch.Tensor, condition: torch
     assert torch.equal(got[~finite & ~torch.isnan(want)], want[~finite & ~torch.isnan(want)]), "inf weights differ"
     bound = (topk + 3) * eps * condition[:, None] * want.abs() + 1e-37
     err = (got - want).abs()
-    assert bool((err[finite] <= bound[finite]).all()), f"weights off by up to {(err / bound)[finite].max():.2f}x the bound"
+    worst = (err / bound)[finite].max() if finite.any() else 0.0
+    assert bool((err[finite] <= bound[finite]).all()), f"weights off by up to {worst:.2f}x the bound"
 
 
 def dcp_global_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):

@@ -51,7 +51,9 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
     gathered = torch.stack([p for p, _ in rows])
     rescue = torch.stack([q for _, q in rows])
     global_ids, local_ids, count = dcp.merge_packed(gathered, rescue, 64, 1)
-    keys = torch.stack([dcp.local_topk_keys(ranks_scores[r], ranks_lengths[r], world_size, r, 64) for r in range(world_size)])
+    keys = torch.stack(
+        [dcp.local_topk_keys(ranks_scores[r], ranks_lengths[r], world_size, r, 64) for r in range(world_size)]
+    )
     generic_ids = dcp.merge_generic(keys, 1)[0]
     return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids
 

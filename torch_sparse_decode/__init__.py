@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from . import dcp, kernels, ops, order
+from . import dcp, kernels, ops, order  # noqa: F401  (kernels registers the CUDA implementations)
 from ._library import register_warmup, registered_ops, run_warmups
 from .api import indexer_topk, moe_route, select_candidate_blocks
 

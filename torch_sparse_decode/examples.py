@@ -72,7 +72,9 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     def build(device: torch.device) -> Example:
         scores, lengths = _dcp_inputs(seed)
         s, n = _on(device, scores, lengths)
-        return Example(name, "W=4 T=4 L=16K K=2048", lambda: path(s, n, 2048), lambda: other_path(scores, lengths, 2048))
+        return Example(
+            name, "W=4 T=4 L=16K K=2048", lambda: path(s, n, 2048), lambda: other_path(scores, lengths, 2048)
+        )
 
     return build
 
