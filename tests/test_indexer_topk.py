@@ -60,3 +60,10 @@ def test_largest_rows(device):
     width = 1 << 20
     x = scores("relu_zeros", (2, width), seed=1)
     check(x, torch.tensor([width, width - 4097], dtype=torch.int32), 4096, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [0, 1])
+def test_tiny_width(device, width):
+    x = scores("random", (2, width), seed=width)
+    check(x, torch.tensor([width, 7], dtype=torch.int32), 3, device)

@@ -69,3 +69,10 @@ def test_largest_rows(device, block_size):
     width = 1 << 20
     x = scores("relu_zeros", (2, width), seed=block_size)
     check(x, torch.tensor([width, width - 5 * block_size - 3], dtype=torch.int32), block_size, 4096, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [0, 1])
+def test_tiny_width(device, width):
+    x = scores("random", (2, width), seed=width)
+    check(x, torch.tensor([width, 7], dtype=torch.int32), 4, 3, device)

@@ -84,3 +84,11 @@ def test_k_of_one_block_is_the_pinned_block():
     x = scores("random", (2, 100), seed=7)
     ends = torch.tensor([100, 9], dtype=torch.int32)
     assert run_blocks(x, ends, 8, 1).tolist() == [[12], [1]]
+
+
+@pytest.mark.parametrize("width", [0, 1, 2])
+def test_tiny_widths(width):
+    x = scores("random", (3, width), seed=8)
+    ends = torch.tensor([width, 0, width + 4], dtype=torch.int32)
+    assert torch.equal(run_tokens(x, ends, 3), oracle.topk_tokens(x, ends, 3))
+    assert torch.equal(run_blocks(x, ends, 2, 3), oracle.candidate_blocks(x, ends, 2, 3))
