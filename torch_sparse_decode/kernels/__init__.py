@@ -2,7 +2,7 @@
 
 Modules are imported on first use, so ``import torch_sparse_decode`` needs neither CuTe DSL nor
 Triton. Where a kernel's toolkit is missing on a CUDA machine, the op falls back to its
-reference (exact, slow) and warns once.
+reference (exact, slow) and warns.
 """
 
 from __future__ import annotations
