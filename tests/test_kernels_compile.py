@@ -1,10 +1,13 @@
 """Compile-only checks of the CuTe DSL kernels: they build from fake tensors without a GPU."""
 
 import pytest
+import torch
 
 cute = pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl not installed")
 
 from torch_sparse_decode.kernels import moe_route  # noqa: E402
+
+topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="triton not installed")
 
 MOE_CONFIGS = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
@@ -15,14 +18,23 @@ def test_moe_route_compiles(experts, topk):
         assert moe_route.compiled(experts, topk, renormalize, apply_sigmoid) is not None
 
 
+@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
+def test_topk_engine_compiles(source, ranks):
+    """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values)."""
+    assert topk.compiled(source, source is torch.int32, ranks) is not None
+
+
 def test_topk_triton_kernels_compile_for_sm90():
-    """Every top-k kernel configuration of the decode shapes builds to an SM90 cubin."""
+    """The block-key kernel builds to an SM90 cubin at every block size class."""
     import os
     import subprocess
     import sys
 
     pytest.importorskip("triton")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     script = os.path.join(os.path.dirname(__file__), "compile_topk_sm90.py")
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]

@@ -1,205 +1,481 @@
-"""CUDA kernels of ``select_candidate_blocks`` and ``indexer_topk``: one exact top-k engine (Triton).
+"""CUDA kernels of ``select_candidate_blocks`` and ``indexer_topk``: one exact top-k engine.
 
-Design: a tree of chunk-local exact selections, each level one launch over (rows, chunks).
+The engine (``RadixTopk``, CuTe DSL) selects the best ``k_sel`` of each row's first ``n`` keys and
+writes their ids ascending, -1 padded, optionally followed by a pinned id (the newest block).
 
-- Level 1 reads each row's valid prefix once (chunks past it exit at once, so work follows the
-  valid length, not the padded width), turns scores into int32 keys in the library order (NaN as
-  -inf, -0.0 as +0.0, the fp32 bits with the negative range flipped so signed order is score
-  order) and, for blocks, takes each block's max on the fly.
-- Every chunk of up to 8K keys keeps exactly its own top-k: the k-th largest key t built bit by
-  bit (32 block-wide counts), every key > t, and the first ``k - #(> t)`` keys equal to t in
-  index order (a cumulative sum, only when ties straddle t), so ties of any size stay exact.
-  Survivors are compacted in index order (another cumulative sum).
-- The survivors of all chunks of a row form the next level's row; a level of one chunk is final
-  and writes the ids. Index order is kept at every level, so the output is ascending without a
-  sort; the pinned newest block is appended after the others (it has the largest id).
+- A row is split over a thread-block cluster of S CTAs (S = 1..8 by row width and row count), each
+  streaming a contiguous span of the row once (work follows the valid length, not the padded
+  width). Keys are 32-bit, unsigned order = library order (NaN as -inf, -0.0 as +0.0); ids break
+  ties, so the best ``k_sel`` keys are unique.
+- Each CTA keeps a shared-memory buffer of candidates in index order. A tile's keys above the
+  CTA's threshold are appended (ballot compaction keeps index order); when the buffer fills,
+  a radix select (three 11/11/10-bit digits, shared-memory histograms, warp-aggregated so ties do
+  not serialize the atomics) keeps its best ``k_sel`` and raises the threshold to the ``k_sel``-th
+  key. Later keys equal to it lose to it on id, so the filter is a strict ``>``.
+- The cluster then runs the same radix select over the union of its CTAs' lists, summing the
+  histograms through distributed shared memory, and each CTA writes its share of the output at
+  an offset from its predecessors' counts: ids come out ascending with no sort, ties at the
+  threshold go to the lowest ids (counted across the cluster in rank order).
 
-Why Triton: the engine is block-wide reductions and scans over register tiles, which Triton
-expresses directly and runs under TRITON_INTERPRET=1 on the CPU (CI tests the same kernels).
-Why a tree rather than one cluster kernel: every level is exact on its own and reads its input
-once; the cost is one launch per level (2 to 5) and the chunk-local threshold search.
-
-Measured (H200, benchmarks/RESULTS.md): exact, 1.3-5.4x faster than block max + torch.topk for
-blocks, but the search's 32 dependent block-wide reductions (~0.3-0.6 us each in Triton) make
-every level cost 8-20 us, far from the one-read floor; indexer_topk runs 0.5-1.3x the speed of
-(tie-inexact) torch.topk.
-Reaching the floor needs shared-memory radix histograms with few barriers (a CuTe DSL cluster
-kernel); this engine is the exact baseline that one must match bit for bit.
+Block scores (``select_candidate_blocks``) are first reduced to one key per valid block by a small
+Triton kernel (``_block_keys``, any block size); the engine then reads ``ceil(width / block_size)``
+keys per row instead of the logits. Why CuTe DSL for the select: it needs shared-memory atomics,
+warp votes and cluster barriers, none of which Triton exposes; why Triton for block keys: a 2-D
+masked max over arbitrary block sizes is one line there, and it runs on the CPU interpreter.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
-CHUNK = 8192  # keys (or block columns) one program holds in registers
-EMPTY = tl.constexpr(-(1 << 31))  # below every real key (the key of -inf is -0x7F800001)
-NUM_WARPS = 8  # with CHUNK: the best of 4-32 warps x 4K-16K keys on the H200
+import cutlass
+import cutlass.cute as cute
+from cutlass import BFloat16, Float32, Int32, Uint32
+
+THREADS = 256
+WARPS = THREADS // 32
+PER = 16  # keys per thread per streamed tile
+TILE = THREADS * PER
+CAP = 8192  # candidate buffer (keys + ids in shared memory)
+SLOTS = CAP // THREADS
+BINS = 2048
+DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the radix digits, most significant first
+MAX_K = CAP - TILE  # after a select the buffer holds k_sel and must fit one more tile
+MAX_CLUSTER = 8
+SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
+
+
+@cute.jit
+def ordered_key(x: Float32) -> Uint32:
+    """Unsigned key of an fp32 score in the library order; 0 is below every score (no key)."""
+    bits = x.bitcast(Uint32)
+    if x != x:
+        bits = Uint32(0xFF800000)  # NaN ranks as -inf
+    if bits == Uint32(0x80000000):
+        bits = Uint32(0)  # -0.0 ties +0.0
+    flip = Uint32(0x80000000)
+    if (bits >> Uint32(31)) != Uint32(0):
+        flip = Uint32(0xFFFFFFFF)
+    return bits ^ flip
+
+
+@cute.jit
+def ballot_of(predicate) -> Uint32:
+    return Uint32(cute.arch.vote_ballot_sync(predicate))
+
+
+@cute.jit
+def load_rank(t: cute.Tensor, i: Int32, rank: Int32) -> Int32:
+    """``t[i]`` of cluster CTA ``rank`` (distributed shared memory)."""
+    address = Int32((t.iterator + i).toint())
+    return cute.arch.inline_ptx(
+        "{ .reg .u32 remote; mapa.shared::cluster.u32 remote, {$r0}, {$r1}; "
+        "ld.shared::cluster.u32 {$w0}, [remote]; }",
+        write_only_types=[Int32], read_only_args=[address, Int32(rank)],
+    )
+
+
+@cute.jit
+def cluster_sync(ranks: cutlass.Constexpr[int]):
+    if cutlass.const_expr(ranks > 1):
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+    else:
+        cute.arch.sync_threads()
+
+
+@cute.jit
+def count_digit(hist: cute.Tensor, bin: Int32, live, lane: Int32):
+    """``hist[bin] += 1`` for each live lane. The two most common bins of the warp are added once
+    each by a leader (all-equal or tie-heavy rows would otherwise serialize on one address)."""
+    remaining = ballot_of(live)
+    for _ in cutlass.range_constexpr(2):
+        if remaining != Uint32(0):
+            lowest = remaining & ((remaining ^ Uint32(0xFFFFFFFF)) + Uint32(1))
+            leader = Int32(cute.arch.popc(lowest - Uint32(1)))
+            common = cute.arch.shuffle_sync(bin, offset=leader)
+            same = ballot_of(bin == common) & remaining
+            if lane == leader:
+                cute.arch.atomic_add(hist.iterator + common, Int32(cute.arch.popc(same)))
+            remaining = remaining & (same ^ Uint32(0xFFFFFFFF))
+    if ((remaining >> Uint32(lane)) & Uint32(1)) != Uint32(0):
+        cute.arch.atomic_add(hist.iterator + bin, Int32(1))
+
+
+@cute.jit
+def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
+    """(sum of ``value`` over lower threads, sum over the CTA); a barrier on both sides."""
+    lane, warp = tid % 32, tid // 32
+    inclusive = value
+    for s in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(inclusive, offset=1 << s)
+        if lane >= (1 << s):
+            inclusive = inclusive + other
+    if lane == 31:
+        warp_sums[warp] = inclusive
+    cute.arch.sync_threads()
+    before = Int32(0)
+    total = Int32(0)
+    for w in cutlass.range_constexpr(WARPS):
+        part = warp_sums[w]
+        if w < warp:
+            before = before + part
+        total = total + part
+    cute.arch.sync_threads()
+    return before + inclusive - value, total
+
+
+@cute.jit
+def scan_counts(counts: cute.Tensor, used: cutlass.Constexpr[int], warp_sums: cute.Tensor, tid: Int32) -> Int32:
+    """Replace per-(step, warp) counts by their exclusive prefix in (step, warp) order; the total."""
+    cute.arch.sync_threads()
+    mine = Int32(0)
+    if tid < used:
+        mine = counts[tid]
+    before, total = exclusive_scan(mine, warp_sums, tid)
+    if tid < used:
+        counts[tid] = before
+    cute.arch.sync_threads()
+    return total
+
+
+@cute.jit
+def find_threshold(keys: cute.Tensor, n: Int32, need: Int32, hist: cute.Tensor, result: cute.Tensor,
+                   warp_sums: cute.Tensor, tid: Int32, ranks: cutlass.Constexpr[int]):
+    """(T, m): T is the ``need``-th largest key of ``keys[:n]`` over the cluster's ``ranks`` CTAs,
+    m how many keys equal to T the best ``need`` take. Requires more than ``need`` keys."""
+    lane = tid % 32
+    per = BINS // THREADS
+    prefix = Uint32(0)
+    for p in cutlass.range_constexpr(3):
+        shift, bits = DIGITS[p]
+        base = p * BINS
+        for b in cutlass.range_constexpr(per):
+            hist[base + b * THREADS + tid] = Int32(0)
+        cute.arch.sync_threads()
+        for m in range(0, (n + THREADS - 1) // THREADS):
+            j = m * THREADS + tid
+            key = Uint32(0)
+            if j < n:
+                key = keys[j]
+            live = j < n
+            if cutlass.const_expr(p > 0):
+                live = live & ((key >> Uint32(shift + bits)) == (prefix >> Uint32(shift + bits)))
+            digit = Int32((key >> Uint32(shift)) & Uint32((1 << bits) - 1))
+            count_digit(hist, base + digit, live, lane)
+        cluster_sync(ranks)
+        # This thread's `per` bins, highest first, summed over the cluster.
+        mine = Int32(0)
+        counts = cute.make_rmem_tensor(per, Int32)
+        for b in cutlass.range_constexpr(per):
+            at = base + BINS - 1 - (tid * per + b)
+            v = Int32(0)
+            if cutlass.const_expr(ranks > 1):
+                for r in cutlass.range_constexpr(ranks):
+                    v = v + load_rank(hist, at, r)
+            else:
+                v = hist[at]
+            counts[b] = v
+            mine = mine + v
+        above, _ = exclusive_scan(mine, warp_sums, tid)
+        if (above < need) & (above + mine >= need):
+            run = above
+            found = Int32(0)
+            for b in cutlass.range_constexpr(per):
+                if (found == 0) & (run + counts[b] >= need):
+                    result[0] = BINS - 1 - (tid * per + b)
+                    result[1] = run
+                    found = Int32(1)
+                run = run + counts[b]
+        cute.arch.sync_threads()
+        prefix = prefix | (Uint32(result[0]) << Uint32(shift))
+        need = need - result[1]
+        cute.arch.sync_threads()
+    return prefix, need
+
+
+class RadixTopk:
+    """The engine for one static configuration: source dtype, pinned id or not, cluster size."""
+
+    def __init__(self, source, pinned: bool, ranks: int):
+        self.source, self.pinned, self.ranks = source, pinned, ranks
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
+                 out: cute.Tensor, stream):
+        self.kernel(src, lengths, cols, block, k_sel, out).launch(
+            grid=[self.ranks, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ranks, 1, 1],
+            stream=stream,
+        )
+
+    @cute.jit
+    def key_at(self, src: cute.Tensor, row: Int32, i: Int32) -> Uint32:
+        if cutlass.const_expr(self.source is Int32):
+            return src[row, i].bitcast(Uint32)  # block keys, already ordered
+        elif cutlass.const_expr(self.source is BFloat16):
+            return ordered_key(src[row, i].to(Float32))
+        else:
+            return ordered_key(src[row, i])
+
+    @cute.jit
+    def keep_best(self, buf_key: cute.Tensor, buf_id: cute.Tensor, n: Int32, t: Uint32, take_eq: Int32,
+                  eq_before: Int32, counts: cute.Tensor, eq_base: cute.Tensor, warp_sums: cute.Tensor,
+                  tid: Int32, out: cute.Tensor, row: Int32, out_base: Int32, to_out: cutlass.Constexpr[bool]):
+        """Keys > t and the first ``take_eq - eq_before`` keys == t of ``buf[:n]``, in order: into
+        ``buf`` (in place) or, as ids, into ``out[row, out_base:]``. Returns how many."""
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        key_r = cute.make_rmem_tensor(SLOTS, Uint32)
+        id_r = cute.make_rmem_tensor(SLOTS, Int32)
+        for m in cutlass.range_constexpr(SLOTS):
+            j = m * THREADS + tid
+            key_r[m] = Uint32(0)
+            id_r[m] = Int32(0)
+            if j < n:
+                key_r[m] = buf_key[j]
+                id_r[m] = buf_id[j]
+            ballot = ballot_of((key_r[m] == t) & (j < n))
+            if lane == 0:
+                eq_base[m * WARPS + warp] = Int32(cute.arch.popc(ballot))
+        scan_counts(eq_base, SLOTS * WARPS, warp_sums, tid)
+        for m in cutlass.range_constexpr(SLOTS):
+            j = m * THREADS + tid
+            tied = (key_r[m] == t) & (j < n)
+            ballot = ballot_of(tied)
+            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+            keep = (j < n) & ((key_r[m] > t) | (tied & (rank < take_eq)))
+            kept = ballot_of(keep)
+            if lane == 0:
+                counts[m * WARPS + warp] = Int32(cute.arch.popc(kept))
+        total = scan_counts(counts, SLOTS * WARPS, warp_sums, tid)
+        for m in cutlass.range_constexpr(SLOTS):
+            j = m * THREADS + tid
+            tied = (key_r[m] == t) & (j < n)
+            ballot = ballot_of(tied)
+            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+            keep = (j < n) & ((key_r[m] > t) | (tied & (rank < take_eq)))
+            kept = ballot_of(keep)
+            if keep:
+                slot = counts[m * WARPS + warp] + Int32(cute.arch.popc(kept & lower))
+                if cutlass.const_expr(to_out):
+                    out[row, out_base + slot] = id_r[m]
+                else:
+                    buf_key[slot] = key_r[m]
+                    buf_id[slot] = id_r[m]
+        cute.arch.sync_threads()
+        return total
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
+               out: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        rank, row, _ = cute.arch.block_idx()
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+
+        smem = cutlass.memory.SmemAllocator()
+        buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)
+        buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
+        hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)
+        counts = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        eq_base = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
+        shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
+
+        # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
+        valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
+        n = valid
+        if cutlass.const_expr(self.pinned):
+            n = max(valid - 1, Int32(0))
+        span = (n + self.ranks - 1) // self.ranks
+        lo = min(rank * span, n)
+        hi = min(lo + span, n)
+
+        # 1. Stream the span: keys above the threshold join the buffer, in index order.
+        cnt = Int32(0)
+        thr = Uint32(0)
+        for tile in range(0, (hi - lo + TILE - 1) // TILE):
+            start = lo + tile * TILE
+            if cnt > CAP - TILE:
+                t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, 1)
+                self.keep_best(buf_key, buf_id, cnt, t, take, Int32(0), counts, eq_base, warp_sums, tid,
+                               out, row, Int32(0), False)
+                cnt = k_sel
+                thr = t
+            keys = cute.make_rmem_tensor(PER, Uint32)
+            for i in cutlass.range_constexpr(PER):
+                e = start + i * THREADS + tid
+                keys[i] = Uint32(0)
+                if e < hi:
+                    keys[i] = self.key_at(src, row, e)
+            for i in cutlass.range_constexpr(PER):
+                ballot = ballot_of(keys[i] > thr)
+                if lane == 0:
+                    counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+            added = scan_counts(counts, PER * WARPS, warp_sums, tid)
+            for i in cutlass.range_constexpr(PER):
+                ballot = ballot_of(keys[i] > thr)
+                if keys[i] > thr:
+                    slot = cnt + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+                    buf_key[slot] = keys[i]
+                    buf_id[slot] = start + i * THREADS + tid
+            cnt = cnt + added
+        cute.arch.sync_threads()
+        if cnt > k_sel:
+            t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, 1)
+            self.keep_best(buf_key, buf_id, cnt, t, take, Int32(0), counts, eq_base, warp_sums, tid,
+                           out, row, Int32(0), False)
+            cnt = k_sel
+
+        # 2. The cluster's best k_sel over all spans: one more select, histograms summed over DSMEM.
+        if tid == 0:
+            shared[0] = cnt
+        cluster_sync(self.ranks)
+        total = Int32(0)
+        for r in cutlass.range_constexpr(self.ranks):
+            total = total + load_rank(shared, Int32(0), r)
+        t = Uint32(0)  # when every key fits, keep every key (all are > 0)
+        take = Int32(0)
+        if total > k_sel:
+            t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, self.ranks)
+        above = Int32(0)
+        tied = Int32(0)
+        for m in cutlass.range_constexpr(SLOTS):
+            j = m * THREADS + tid
+            if j < cnt:
+                key = buf_key[j]
+                above = above + Int32(key > t)
+                tied = tied + Int32(key == t)
+        _, above = exclusive_scan(above, warp_sums, tid)
+        _, tied = exclusive_scan(tied, warp_sums, tid)
+        if tid == 0:
+            shared[1] = above
+            shared[2] = tied
+        cluster_sync(self.ranks)
+        # Ties at t go to the lowest ids: CTA r takes them after the CTAs before it in the row.
+        eq_run = Int32(0)
+        eq_before = Int32(0)
+        out_base = Int32(0)
+        out_total = Int32(0)
+        for r in cutlass.range_constexpr(self.ranks):
+            eq_r = load_rank(shared, Int32(2), r)
+            taken = load_rank(shared, Int32(1), r) + min(max(take - eq_run, Int32(0)), eq_r)
+            if r < rank:
+                out_base = out_base + taken
+            if r == rank:
+                eq_before = eq_run
+            out_total = out_total + taken
+            eq_run = eq_run + eq_r
+        self.keep_best(buf_key, buf_id, cnt, t, take, eq_before, counts, eq_base, warp_sums, tid,
+                       out, row, out_base, True)
+        if rank == self.ranks - 1:
+            pad_from = out_total
+            if cutlass.const_expr(self.pinned):
+                if valid > 0:
+                    if tid == 0:
+                        out[row, out_total] = valid - 1
+                    pad_from = out_total + 1
+            for i in range(pad_from + tid, out.shape[1], THREADS):
+                out[row, i] = Int32(-1)
+        cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
+
+
+# ------------------------------------------------------------------------------- block keys
 
 
 @triton.jit
-def _ordered_key(x):
-    """int32 key of fp32 scores in the library order; signed comparison is score order."""
-    x = tl.where(x != x, float("-inf"), x)
-    bits = x.to(tl.int32, bitcast=True)
-    bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
-
-
-@triton.jit
-def _select_chunk(
-    src, src_ids, src_stride, lengths, ends, width,
-    dst_keys, dst_ids, dst_stride, dst_lengths,
-    out, out_stride, k_sel, k_out,
-    MODE: tl.constexpr,  # 0: scores, 1: block logits, 2: keys + ids of an earlier level
-    BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, PINNED: tl.constexpr,
-    C: tl.constexpr, KEEP: tl.constexpr, FINAL: tl.constexpr, OUT_P2: tl.constexpr,
-):
+def _block_keys(logits, stride, ends, width, keys, keys_stride,
+                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr):
+    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored)."""
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    # Valid keys of this row's input (for blocks: all valid blocks but the pinned newest).
-    n_in = tl.load(lengths + row)
-    n_cols = n_in
-    if MODE != 2:
-        n_cols = tl.minimum(tl.maximum(n_in, 0), width)
-        n_in = n_cols
-    if MODE == 1:
-        n_in = (n_cols + BLOCK - 1) // BLOCK
-        if PINNED:
-            n_in = tl.maximum(n_in - 1, 0)
-    if not FINAL:
-        if chunk == 0:
-            tl.store(dst_lengths + row, tl.cdiv(n_in, C) * KEEP)
-    start = chunk * C
-    if (start < n_in) | FINAL:
-        offs = start + tl.arange(0, C)
-        valid = offs < n_in
-        row_src = src + row.to(tl.int64) * src_stride
-        ids = offs
-        if MODE == 0:
-            x = tl.load(row_src + offs, mask=valid, other=0.0).to(tl.float32)
-            keys = tl.where(valid, _ordered_key(x), EMPTY)
-        elif MODE == 1:
-            cols = offs[:, None] * BLOCK + tl.arange(0, BLOCK_P2)[None, :]
-            inside = valid[:, None] & (cols < n_cols) & (tl.arange(0, BLOCK_P2)[None, :] < BLOCK)
-            x = tl.load(row_src + cols, mask=inside, other=float("-inf"))
-            x = tl.where(x != x, float("-inf"), x)
-            keys = tl.where(valid, _ordered_key(tl.max(x, axis=1)), EMPTY)
-        else:
-            keys = tl.load(row_src + offs, mask=valid, other=EMPTY)
-            ids = tl.load(src_ids + row.to(tl.int64) * src_stride + offs, mask=valid, other=0)
-
-        live = keys != EMPTY
-        selected = live
-        if tl.sum(live.to(tl.int32)) > k_sel:
-            # The k_sel-th largest key, bit by bit from the top on unsigned keys (EMPTY -> 0):
-            # t grows while at least k_sel keys are >= it. 32-bit compares only.
-            u = (keys ^ -2147483648).to(tl.uint32, bitcast=True)
-            t = tl.full((), 0, tl.uint32)
-            for i in tl.static_range(32):
-                probe = t | tl.full((), 1 << (31 - i), tl.uint32)
-                if tl.sum((u >= probe).to(tl.int32)) >= k_sel:
-                    t = probe
-            above = u > t
-            tied = u == t
-            need = k_sel - tl.sum(above.to(tl.int32))
-            selected = above | tied
-            if need < tl.sum(tied.to(tl.int32)):  # ties at t: the lowest ids first
-                selected = above | (tied & (tl.cumsum(tied.to(tl.int32), axis=0) <= need))
-        slot = tl.cumsum(selected.to(tl.int32), axis=0) - 1
-        count = tl.sum(selected.to(tl.int32))
-        if FINAL:
-            row_out = out + row.to(tl.int64) * out_stride
-            tl.store(row_out + slot, ids, mask=selected)
-            if PINNED:
-                blocks = tl.cdiv(tl.minimum(tl.maximum(tl.load(ends + row), 0), width), BLOCK)
-                if blocks > 0:
-                    tl.store(row_out + count, blocks - 1)
-                    count += 1
-            pad = tl.arange(0, OUT_P2)
-            tl.store(row_out + pad, tl.full([OUT_P2], -1, tl.int32), mask=(pad >= count) & (pad < k_out))
-        else:
-            base = row.to(tl.int64) * dst_stride + chunk * KEEP
-            tl.store(dst_keys + base + slot, keys, mask=selected)
-            tl.store(dst_ids + base + slot, ids, mask=selected)
-            rest = tl.arange(0, KEEP)
-            tl.store(dst_keys + base + rest, tl.full([KEEP], EMPTY, tl.int32), mask=rest >= count)
+    first = tl.program_id(1) * BLOCKS
+    n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    if first < n_blocks:
+        b = first + tl.arange(0, BLOCKS)
+        lane = tl.arange(0, BLOCK_P2)[None, :]
+        cols = b[:, None] * BLOCK + lane
+        inside = (b[:, None] < n_blocks) & (cols < n_cols) & (lane < BLOCK)
+        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf"))
+        x = tl.max(tl.where(x != x, float("-inf"), x), axis=1)
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
+        key = bits ^ tl.where(bits < 0, -1, -2147483648)  # unsigned order = score order
+        tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < n_blocks)
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(n - 1, 0).bit_length()
+def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written."""
+    rows, width = logits.shape
+    num_blocks = -(-width // block_size)
+    keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
+    block_p2 = max(triton.next_power_of_2(block_size), 1)
+    per_program = max(8192 // block_p2, 1)
+    if rows and num_blocks:
+        _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
+            logits, logits.stride(0), row_ends, width, keys, keys.stride(0),
+            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, num_warps=8,
+        )
+    return keys
 
 
-def plan(first_keys: int, first_chunk: int, k_sel: int) -> list[tuple[int, int, int]]:
-    """Static levels [(input keys, chunk, keep per chunk)]; the last has one chunk (final).
-
-    Chunks after the first hold at least 4x what they keep, so every level shrinks the row 4x."""
-    levels, n, chunk = [], first_keys, first_chunk
-    while True:
-        if n <= chunk:
-            levels.append((n, max(_next_pow2(n), 16), k_sel))
-            return levels
-        keep = min(_next_pow2(k_sel), chunk)
-        levels.append((n, chunk, keep))
-        n, chunk = -(-n // chunk) * keep, max(CHUNK, 4 * keep)
+# ------------------------------------------------------------------------------- launching
 
 
-def levels_for(mode: int, width: int, block: int, k_sel: int) -> tuple[int, list[tuple[int, int, int]]]:
-    """(block_p2, levels) of one call: the launch sequence is a function of static shapes only."""
-    if mode == 1:
-        block_p2 = _next_pow2(block)
-        return block_p2, plan(-(-width // block), CHUNK // block_p2, k_sel)
-    return 1, plan(width, max(CHUNK, 4 * _next_pow2(k_sel)), k_sel)
+def cluster_size(rows: int, keys_per_row: int) -> int:
+    """CTAs per row: one per 32K keys up to 8, fewer when the rows alone fill the GPU."""
+    ranks = 1
+    while ranks < MAX_CLUSTER and ranks * 32768 < keys_per_row and rows * ranks < 256:
+        ranks *= 2
+    return ranks
 
 
-def _run(source, lengths, k_out: int, k_sel: int, out: torch.Tensor, mode: int, block: int) -> None:
-    rows, width = source.shape
+@functools.lru_cache(maxsize=None)
+def compiled(source: torch.dtype, pinned: bool, ranks: int):
+    """Compile once per (source dtype, pinned, cluster size), from fake tensors (no GPU needed)."""
+    rows, width = cute.sym_int(), cute.sym_int()
+    dtype = SOURCES[source]
+    fake = cute.runtime.make_fake_tensor
+    src = fake(dtype, (rows, width), stride=(cute.sym_int64(), 1), assumed_align=dtype.width // 8)
+    lengths = fake(Int32, (rows,), stride=(1,), assumed_align=4)
+    out = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    engine = RadixTopk(dtype, pinned, ranks)
+    return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, stream,
+                        options="--enable-tvm-ffi")
+
+
+def _select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
+            pinned: bool) -> None:
+    rows = out.shape[0]
     if rows == 0:
         return
-    block_p2, levels = levels_for(mode, width, block, k_sel)
-    src, src_ids, src_stride, src_lengths = source, source, source.stride(0), lengths
-    cur_mode = mode
-    for level, (n, chunk, keep) in enumerate(levels):
-        final = level == len(levels) - 1
-        chunks = 1 if final else -(-n // chunk)
-        if final:
-            dst_keys = dst_ids = dst_lengths = out
-            dst_stride = 0
-        else:
-            dst_keys = torch.empty(rows, chunks * keep, dtype=torch.int32, device=source.device)
-            dst_ids = torch.empty_like(dst_keys)
-            dst_lengths = torch.empty(rows, dtype=torch.int32, device=source.device)
-            dst_stride = dst_keys.stride(0)
-        _select_chunk[(rows, chunks)](
-            src, src_ids, src_stride, src_lengths, lengths, width,
-            dst_keys, dst_ids, dst_stride, dst_lengths,
-            out, out.stride(0), k_sel, k_out,
-            MODE=cur_mode, BLOCK=block, BLOCK_P2=block_p2, PINNED=mode == 1,
-            C=chunk, KEEP=keep, FINAL=final, OUT_P2=max(_next_pow2(k_out), 2),
-            num_warps=NUM_WARPS,
-        )
-        src, src_ids, src_stride, src_lengths = dst_keys, dst_ids, dst_stride, dst_lengths
-        cur_mode = 2
+    ranks = cluster_size(rows, src.shape[1])
+    compiled(src.dtype, pinned, ranks)(src, lengths, cols, block, k_sel, out)
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::indexer_topk`` (arguments already checked)."""
-    _run(scores, lengths, k, k, out, mode=0, block=1)
+    _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
 
 
 def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    k = out.shape[1]
-    _run(logits, row_ends, k, k - 1, out, mode=1, block=block_size)
+    keys = block_keys(logits, row_ends, block_size)
+    _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
 
 
 def warm(device: torch.device) -> None:
-    """Compile the decode shapes' kernels (Triton caches them per constexpr configuration)."""
-    for width in (32768, 131072, 1 << 20):
-        x = torch.zeros(1, width, device=device)
-        n = torch.full((1,), width, dtype=torch.int32, device=device)
-        out = torch.empty(1, 2048, dtype=torch.int32, device=device)
-        indexer_topk(x, n, 2048, out)
-        for block in (8, 64):
-            select_candidate_blocks(x, n, block, out)
+    """Compile every engine configuration and the decode shapes' block-key kernels."""
+    for ranks in (1, 2, 4, 8):
+        for source in SOURCES:
+            compiled(source, source is torch.int32, ranks)
+    x = torch.zeros(1, 1 << 15, device=device)
+    n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
+    for block in (8, 64):
+        block_keys(x, n, block)

@@ -1,0 +1,95 @@
+"""The CUDA top-k engine at the sizes that exercise its machinery: every cluster size (1-8 CTAs
+per row), spans longer than the shared-memory buffer (streamed selects), ties and NaN/inf that
+straddle the CTAs of a row, k up to 4096, bf16, pinned blocks. Bit-identical to the oracle."""
+
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import KINDS, poisoned, scores
+
+pytestmark = pytest.mark.gpu
+topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="CuTe DSL / Triton not installed")
+
+# Widths whose cluster sizes are 1, 2, 4 and 8 CTAs per row (for a few rows).
+WIDTHS = [20000, 50000, 100000, 300000]
+
+
+def run_tokens(x, lengths, k):
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out)
+    return out.cpu()
+
+
+def run_blocks(x, ends, block_size, k):
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    tsd.select_candidate_blocks(x.cuda(), ends.cuda(), block_size, out=out)
+    return out.cpu()
+
+
+def span_edges(width: int, k: int) -> list[int]:
+    """Lengths at the edges of the CTA spans and of the streamed tiles, plus the usual ones."""
+    ranks = topk.cluster_size(12, width)
+    edges = [0, 1, k - 1, k, k + 1, width, width - 1, ranks * k, ranks * k + 1]
+    edges += [ranks * topk.TILE, ranks * topk.TILE + 1, ranks * topk.CAP - 1, ranks * (topk.CAP + topk.TILE)]
+    return sorted({min(max(v, 0), width) for v in edges})[:12]
+
+
+def test_cluster_sizes_cover_one_to_eight():
+    assert [topk.cluster_size(12, w) for w in WIDTHS] == [1, 2, 4, 8]
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("kind", KINDS)
+def test_tokens_every_kind_every_cluster_size(width, kind):
+    k = 2048
+    lengths = torch.tensor(span_edges(width, k), dtype=torch.int32)
+    x = scores(kind, (lengths.numel(), width), seed=width % 97)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+
+
+@pytest.mark.parametrize("k", [1, 2, 511, 1024, 4095, 4096])
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "relu_zeros"])
+def test_tokens_k_range(k, kind):
+    width = 150000
+    lengths = torch.tensor([width, k, k + 1, 70001, 3 * topk.CAP + 5], dtype=torch.int32)
+    x = scores(kind, (lengths.numel(), width), seed=k)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+
+
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "tiny_negative", "nan_mixed"])
+def test_tokens_bf16_clusters(kind):
+    width = 300000
+    x = scores(kind, (4, width), seed=3).to(torch.bfloat16)
+    lengths = torch.tensor([width, 100000, 8193, 40000], dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
+
+
+def test_ascending_order_defeats_the_running_threshold():
+    """Scores rising along the row: every tile beats the buffer, so every tile triggers a select."""
+    width = 300000
+    x = torch.arange(width, dtype=torch.float32).repeat(3, 1)
+    x[1] = -x[1]  # and falling: the first tile wins, later tiles are all filtered
+    x[2] = (x[2] % 7)  # periodic plateaus
+    lengths = torch.tensor([width, width, width - 5], dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x, lengths, 2048))
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 8, 64, 256])
+@pytest.mark.parametrize("kind", ["random", "all_equal", "relu_zeros", "nan_mixed", "all_nan", "inf_mixed"])
+def test_blocks_clusters(block_size, kind):
+    k = 2048
+    n_blocks = 300000 // block_size if block_size < 64 else 5000
+    width = n_blocks * block_size + 3
+    bs = block_size
+    ends = torch.tensor([width, 0, 1, bs, bs + 1, k * bs, (k + 1) * bs + 1, width // 2, width + 7], dtype=torch.int32)
+    x = scores(kind, (ends.numel(), width), seed=block_size)
+    assert torch.equal(run_blocks(x, ends, block_size, k), oracle.candidate_blocks(x, ends, block_size, k))
+
+
+def test_many_rows_small_clusters():
+    width = 200000
+    x = scores("few_distinct", (300, width), seed=11)
+    lengths = torch.randint(0, width + 1, (300,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x, lengths, 2048))
