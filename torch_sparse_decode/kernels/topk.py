@@ -34,14 +34,13 @@ import triton.language as tl
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Int32, Uint32
+from cutlass import Boolean, BFloat16, Float32, Int32, Uint32, Uint64
 
 THREADS = 256
 WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
 TILE = THREADS * PER
 CAP = 8192  # candidate buffer (keys + ids in shared memory)
-SLOTS = CAP // THREADS
 BINS = 2048
 DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the radix digits, most significant first
 MAX_K = CAP - TILE  # after a select the buffer holds k_sel and must fit one more tile
@@ -147,12 +146,17 @@ def scan_counts(counts: cute.Tensor, used: cutlass.Constexpr[int], warp_sums: cu
 def find_threshold(keys: cute.Tensor, n: Int32, need: Int32, hist: cute.Tensor, result: cute.Tensor,
                    warp_sums: cute.Tensor, tid: Int32, ranks: cutlass.Constexpr[int]):
     """(T, m): T is the ``need``-th largest key of ``keys[:n]`` over the cluster's ``ranks`` CTAs,
-    m how many keys equal to T the best ``need`` take. Requires more than ``need`` keys."""
+    m how many keys equal to T the best ``need`` take. Requires more than ``need`` keys.
+
+    Loops stay rolled: this runs a few times per CTA, and unrolled straight-line code would be
+    fetched from L2 instruction by instruction."""
     lane = tid % 32
     per = BINS // THREADS
     prefix = Uint32(0)
-    for p in cutlass.range_constexpr(3):
-        shift, bits = DIGITS[p]
+    for p in range(3):  # digits of 11, 11 and 10 bits, most significant first
+        shift = max(Int32(21) - Int32(11) * p, Int32(0))
+        digit_mask = (Uint32(1) << Uint32(11 - p // 2)) - Uint32(1)
+        done_mask = Uint32((Uint64(0xFFFFFFFF) << Uint64(shift + 11 - p // 2)) & Uint64(0xFFFFFFFF))
         base = p * BINS
         for b in cutlass.range_constexpr(per):
             hist[base + b * THREADS + tid] = Int32(0)
@@ -162,10 +166,8 @@ def find_threshold(keys: cute.Tensor, n: Int32, need: Int32, hist: cute.Tensor, 
             key = Uint32(0)
             if j < n:
                 key = keys[j]
-            live = j < n
-            if cutlass.const_expr(p > 0):
-                live = live & ((key >> Uint32(shift + bits)) == (prefix >> Uint32(shift + bits)))
-            digit = Int32((key >> Uint32(shift)) & Uint32((1 << bits) - 1))
+            live = (j < n) & (((key ^ prefix) & done_mask) == Uint32(0))
+            digit = Int32((key >> Uint32(shift)) & digit_mask)
             count_digit(hist, base + digit, live, lane)
         cluster_sync(ranks)
         # This thread's `per` bins, highest first, summed over the cluster.
@@ -175,7 +177,7 @@ def find_threshold(keys: cute.Tensor, n: Int32, need: Int32, hist: cute.Tensor, 
             at = base + BINS - 1 - (tid * per + b)
             v = Int32(0)
             if cutlass.const_expr(ranks > 1):
-                for r in cutlass.range_constexpr(ranks):
+                for r in range(ranks):
                     v = v + load_rank(hist, at, r)
             else:
                 v = hist[at]
@@ -224,48 +226,53 @@ class RadixTopk:
     @cute.jit
     def keep_best(self, buf_key: cute.Tensor, buf_id: cute.Tensor, n: Int32, t: Uint32, take_eq: Int32,
                   eq_before: Int32, counts: cute.Tensor, eq_base: cute.Tensor, warp_sums: cute.Tensor,
-                  tid: Int32, out: cute.Tensor, row: Int32, out_base: Int32, to_out: cutlass.Constexpr[bool]):
+                  tid: Int32, dst_key: cute.Tensor, dst_id: cute.Tensor, out: cute.Tensor, row: Int32,
+                  out_base: Int32, to_out: cutlass.Constexpr[bool]):
         """Keys > t and the first ``take_eq - eq_before`` keys == t of ``buf[:n]``, in order: into
-        ``buf`` (in place) or, as ids, into ``out[row, out_base:]``. Returns how many."""
+        ``dst`` or, as ids, into ``out[row, out_base:]``. Returns how many."""
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        key_r = cute.make_rmem_tensor(SLOTS, Uint32)
-        id_r = cute.make_rmem_tensor(SLOTS, Int32)
-        for m in cutlass.range_constexpr(SLOTS):
+        steps = (n + THREADS - 1) // THREADS
+        eq_base[tid] = Int32(0)
+        counts[tid] = Int32(0)
+        cute.arch.sync_threads()
+        for m in range(steps):
             j = m * THREADS + tid
-            key_r[m] = Uint32(0)
-            id_r[m] = Int32(0)
+            tied = Boolean(False)
             if j < n:
-                key_r[m] = buf_key[j]
-                id_r[m] = buf_id[j]
-            ballot = ballot_of((key_r[m] == t) & (j < n))
+                tied = buf_key[j] == t
+            ballot = ballot_of(tied)
             if lane == 0:
                 eq_base[m * WARPS + warp] = Int32(cute.arch.popc(ballot))
-        scan_counts(eq_base, SLOTS * WARPS, warp_sums, tid)
-        for m in cutlass.range_constexpr(SLOTS):
+        scan_counts(eq_base, THREADS, warp_sums, tid)
+        for m in range(steps):
             j = m * THREADS + tid
-            tied = (key_r[m] == t) & (j < n)
-            ballot = ballot_of(tied)
-            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
-            keep = (j < n) & ((key_r[m] > t) | (tied & (rank < take_eq)))
+            key = Uint32(0)
+            if j < n:
+                key = buf_key[j]
+            tied = (key == t) & (j < n)
+            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
+            keep = (j < n) & ((key > t) | (tied & (rank < take_eq)))
             kept = ballot_of(keep)
             if lane == 0:
                 counts[m * WARPS + warp] = Int32(cute.arch.popc(kept))
-        total = scan_counts(counts, SLOTS * WARPS, warp_sums, tid)
-        for m in cutlass.range_constexpr(SLOTS):
+        total = scan_counts(counts, THREADS, warp_sums, tid)
+        for m in range(steps):
             j = m * THREADS + tid
-            tied = (key_r[m] == t) & (j < n)
-            ballot = ballot_of(tied)
-            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
-            keep = (j < n) & ((key_r[m] > t) | (tied & (rank < take_eq)))
+            key = Uint32(0)
+            if j < n:
+                key = buf_key[j]
+            tied = (key == t) & (j < n)
+            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
+            keep = (j < n) & ((key > t) | (tied & (rank < take_eq)))
             kept = ballot_of(keep)
             if keep:
                 slot = counts[m * WARPS + warp] + Int32(cute.arch.popc(kept & lower))
                 if cutlass.const_expr(to_out):
-                    out[row, out_base + slot] = id_r[m]
+                    out[row, out_base + slot] = buf_id[j]
                 else:
-                    buf_key[slot] = key_r[m]
-                    buf_id[slot] = id_r[m]
+                    dst_key[slot] = key
+                    dst_id[slot] = buf_id[j]
         cute.arch.sync_threads()
         return total
 
@@ -280,6 +287,8 @@ class RadixTopk:
         smem = cutlass.memory.SmemAllocator()
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
+        best_key = smem.allocate_tensor(Uint32, cute.make_layout(MAX_K), 16)  # a select's output
+        best_id = smem.allocate_tensor(Int32, cute.make_layout(MAX_K), 16)
         hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)
         counts = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
         eq_base = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
@@ -296,41 +305,43 @@ class RadixTopk:
         lo = min(rank * span, n)
         hi = min(lo + span, n)
 
-        # 1. Stream the span: keys above the threshold join the buffer, in index order.
+        # 1. Stream the span: keys above the threshold join the buffer, in index order. A select
+        # keeps the buffer's best k_sel when it is too full for a tile, and once after the last.
         cnt = Int32(0)
         thr = Uint32(0)
-        for tile in range(0, (hi - lo + TILE - 1) // TILE):
-            start = lo + tile * TILE
-            if cnt > CAP - TILE:
+        tiles = (hi - lo + TILE - 1) // TILE
+        for tile in range(0, tiles + 1):
+            if (cnt > CAP - TILE) | ((tile == tiles) & (cnt > k_sel)):
                 t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, 1)
                 self.keep_best(buf_key, buf_id, cnt, t, take, Int32(0), counts, eq_base, warp_sums, tid,
-                               out, row, Int32(0), False)
+                               best_key, best_id, out, row, Int32(0), False)
+                for i in range(tid, k_sel, THREADS):
+                    buf_key[i] = best_key[i]
+                    buf_id[i] = best_id[i]
+                cute.arch.sync_threads()
                 cnt = k_sel
                 thr = t
-            keys = cute.make_rmem_tensor(PER, Uint32)
-            for i in cutlass.range_constexpr(PER):
-                e = start + i * THREADS + tid
-                keys[i] = Uint32(0)
-                if e < hi:
-                    keys[i] = self.key_at(src, row, e)
-            for i in cutlass.range_constexpr(PER):
-                ballot = ballot_of(keys[i] > thr)
-                if lane == 0:
-                    counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-            added = scan_counts(counts, PER * WARPS, warp_sums, tid)
-            for i in cutlass.range_constexpr(PER):
-                ballot = ballot_of(keys[i] > thr)
-                if keys[i] > thr:
-                    slot = cnt + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
-                    buf_key[slot] = keys[i]
-                    buf_id[slot] = start + i * THREADS + tid
-            cnt = cnt + added
+            if tile < tiles:
+                start = lo + tile * TILE
+                keys = cute.make_rmem_tensor(PER, Uint32)
+                for i in cutlass.range_constexpr(PER):
+                    e = start + i * THREADS + tid
+                    keys[i] = Uint32(0)
+                    if e < hi:
+                        keys[i] = self.key_at(src, row, e)
+                for i in cutlass.range_constexpr(PER):
+                    ballot = ballot_of(keys[i] > thr)
+                    if lane == 0:
+                        counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+                added = scan_counts(counts, PER * WARPS, warp_sums, tid)
+                for i in cutlass.range_constexpr(PER):
+                    ballot = ballot_of(keys[i] > thr)
+                    if keys[i] > thr:
+                        slot = cnt + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+                        buf_key[slot] = keys[i]
+                        buf_id[slot] = start + i * THREADS + tid
+                cnt = cnt + added
         cute.arch.sync_threads()
-        if cnt > k_sel:
-            t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, 1)
-            self.keep_best(buf_key, buf_id, cnt, t, take, Int32(0), counts, eq_base, warp_sums, tid,
-                           out, row, Int32(0), False)
-            cnt = k_sel
 
         # 2. The cluster's best k_sel over all spans: one more select, histograms summed over DSMEM.
         if tid == 0:
@@ -345,8 +356,7 @@ class RadixTopk:
             t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, self.ranks)
         above = Int32(0)
         tied = Int32(0)
-        for m in cutlass.range_constexpr(SLOTS):
-            j = m * THREADS + tid
+        for j in range(tid, cnt, THREADS):
             if j < cnt:
                 key = buf_key[j]
                 above = above + Int32(key > t)
@@ -372,7 +382,7 @@ class RadixTopk:
             out_total = out_total + taken
             eq_run = eq_run + eq_r
         self.keep_best(buf_key, buf_id, cnt, t, take, eq_before, counts, eq_base, warp_sums, tid,
-                       out, row, out_base, True)
+                       best_key, best_id, out, row, out_base, True)
         if rank == self.ranks - 1:
             pad_from = out_total
             if cutlass.const_expr(self.pinned):
