@@ -40,11 +40,9 @@ THREADS = 256
 WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
 TILE = THREADS * PER
-CAP = 8192  # candidate buffer (keys + ids in shared memory)
 BINS = 2048
-DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the radix digits, most significant first
-MAX_K = CAP - TILE  # after a select the buffer holds k_sel and must fit one more tile
 MAX_CLUSTER = 8
+SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
@@ -88,24 +86,6 @@ def cluster_sync(ranks: cutlass.Constexpr[int]):
 
 
 @cute.jit
-def count_digit(hist: cute.Tensor, bin: Int32, live, lane: Int32):
-    """``hist[bin] += 1`` for each live lane. The two most common bins of the warp are added once
-    each by a leader (all-equal or tie-heavy rows would otherwise serialize on one address)."""
-    remaining = ballot_of(live)
-    for _ in cutlass.range_constexpr(2):
-        if remaining != Uint32(0):
-            lowest = remaining & ((remaining ^ Uint32(0xFFFFFFFF)) + Uint32(1))
-            leader = Int32(cute.arch.popc(lowest - Uint32(1)))
-            common = cute.arch.shuffle_sync(bin, offset=leader)
-            same = ballot_of(bin == common) & remaining
-            if lane == leader:
-                cute.arch.atomic_add(hist.iterator + common, Int32(cute.arch.popc(same)))
-            remaining = remaining & (same ^ Uint32(0xFFFFFFFF))
-    if ((remaining >> Uint32(lane)) & Uint32(1)) != Uint32(0):
-        cute.arch.atomic_add(hist.iterator + bin, Int32(1))
-
-
-@cute.jit
 def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     """(sum of ``value`` over lower threads, sum over the CTA); a barrier on both sides."""
     lane, warp = tid % 32, tid // 32
@@ -142,64 +122,6 @@ def scan_counts(counts: cute.Tensor, used: cutlass.Constexpr[int], warp_sums: cu
     return total
 
 
-@cute.jit
-def find_threshold(keys: cute.Tensor, n: Int32, need: Int32, hist: cute.Tensor, result: cute.Tensor,
-                   warp_sums: cute.Tensor, tid: Int32, ranks: cutlass.Constexpr[int]):
-    """(T, m): T is the ``need``-th largest key of ``keys[:n]`` over the cluster's ``ranks`` CTAs,
-    m how many keys equal to T the best ``need`` take. Requires more than ``need`` keys.
-
-    Loops stay rolled: this runs a few times per CTA, and unrolled straight-line code would be
-    fetched from L2 instruction by instruction."""
-    lane = tid % 32
-    per = BINS // THREADS
-    prefix = Uint32(0)
-    for p in range(3):  # digits of 11, 11 and 10 bits, most significant first
-        shift = max(Int32(21) - Int32(11) * p, Int32(0))
-        digit_mask = (Uint32(1) << Uint32(11 - p // 2)) - Uint32(1)
-        done_mask = Uint32((Uint64(0xFFFFFFFF) << Uint64(shift + 11 - p // 2)) & Uint64(0xFFFFFFFF))
-        base = p * BINS
-        for b in cutlass.range_constexpr(per):
-            hist[base + b * THREADS + tid] = Int32(0)
-        cute.arch.sync_threads()
-        for m in range(0, (n + THREADS - 1) // THREADS):
-            j = m * THREADS + tid
-            key = Uint32(0)
-            if j < n:
-                key = keys[j]
-            live = (j < n) & (((key ^ prefix) & done_mask) == Uint32(0))
-            digit = Int32((key >> Uint32(shift)) & digit_mask)
-            count_digit(hist, base + digit, live, lane)
-        cluster_sync(ranks)
-        # This thread's `per` bins, highest first, summed over the cluster.
-        mine = Int32(0)
-        counts = cute.make_rmem_tensor(per, Int32)
-        for b in cutlass.range_constexpr(per):
-            at = base + BINS - 1 - (tid * per + b)
-            v = Int32(0)
-            if cutlass.const_expr(ranks > 1):
-                for r in range(ranks):
-                    v = v + load_rank(hist, at, r)
-            else:
-                v = hist[at]
-            counts[b] = v
-            mine = mine + v
-        above, _ = exclusive_scan(mine, warp_sums, tid)
-        if (above < need) & (above + mine >= need):
-            run = above
-            found = Int32(0)
-            for b in cutlass.range_constexpr(per):
-                if (found == 0) & (run + counts[b] >= need):
-                    result[0] = BINS - 1 - (tid * per + b)
-                    result[1] = run
-                    found = Int32(1)
-                run = run + counts[b]
-        cute.arch.sync_threads()
-        prefix = prefix | (Uint32(result[0]) << Uint32(shift))
-        need = need - result[1]
-        cute.arch.sync_threads()
-    return prefix, need
-
-
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size."""
 
@@ -215,66 +137,18 @@ class RadixTopk:
         )
 
     @cute.jit
-    def key_at(self, src: cute.Tensor, row: Int32, i: Int32) -> Uint32:
-        if cutlass.const_expr(self.source is Int32):
-            return src[row, i].bitcast(Uint32)  # block keys, already ordered
-        elif cutlass.const_expr(self.source is BFloat16):
-            return ordered_key(src[row, i].to(Float32))
-        else:
-            return ordered_key(src[row, i])
-
-    @cute.jit
-    def keep_best(self, buf_key: cute.Tensor, buf_id: cute.Tensor, n: Int32, t: Uint32, take_eq: Int32,
-                  eq_before: Int32, counts: cute.Tensor, eq_base: cute.Tensor, warp_sums: cute.Tensor,
-                  tid: Int32, dst_key: cute.Tensor, dst_id: cute.Tensor, out: cute.Tensor, row: Int32,
-                  out_base: Int32, to_out: cutlass.Constexpr[bool]):
-        """Keys > t and the first ``take_eq - eq_before`` keys == t of ``buf[:n]``, in order: into
-        ``dst`` or, as ids, into ``out[row, out_base:]``. Returns how many."""
-        lane, warp = tid % 32, tid // 32
-        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        steps = (n + THREADS - 1) // THREADS
-        eq_base[tid] = Int32(0)
-        counts[tid] = Int32(0)
-        cute.arch.sync_threads()
-        for m in range(steps):
-            j = m * THREADS + tid
-            tied = Boolean(False)
-            if j < n:
-                tied = buf_key[j] == t
-            ballot = ballot_of(tied)
-            if lane == 0:
-                eq_base[m * WARPS + warp] = Int32(cute.arch.popc(ballot))
-        scan_counts(eq_base, THREADS, warp_sums, tid)
-        for m in range(steps):
-            j = m * THREADS + tid
-            key = Uint32(0)
-            if j < n:
-                key = buf_key[j]
-            tied = (key == t) & (j < n)
-            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
-            keep = (j < n) & ((key > t) | (tied & (rank < take_eq)))
-            kept = ballot_of(keep)
-            if lane == 0:
-                counts[m * WARPS + warp] = Int32(cute.arch.popc(kept))
-        total = scan_counts(counts, THREADS, warp_sums, tid)
-        for m in range(steps):
-            j = m * THREADS + tid
-            key = Uint32(0)
-            if j < n:
-                key = buf_key[j]
-            tied = (key == t) & (j < n)
-            rank = eq_before + eq_base[m * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
-            keep = (j < n) & ((key > t) | (tied & (rank < take_eq)))
-            kept = ballot_of(keep)
-            if keep:
-                slot = counts[m * WARPS + warp] + Int32(cute.arch.popc(kept & lower))
-                if cutlass.const_expr(to_out):
-                    out[row, out_base + slot] = buf_id[j]
+    def load_tile(self, src: cute.Tensor, row: Int32, start: Int32, hi: Int32, tid: Int32, keys: cute.Tensor):
+        """This thread's keys of the tile at ``start`` (0 past ``hi``); all loads issued first."""
+        for i in cutlass.range_constexpr(PER):
+            e = start + i * THREADS + tid
+            keys[i] = Uint32(0)
+            if e < hi:
+                if cutlass.const_expr(self.source is Int32):
+                    keys[i] = src[row, e].bitcast(Uint32)  # block keys, already ordered
+                elif cutlass.const_expr(self.source is BFloat16):
+                    keys[i] = ordered_key(src[row, e].to(Float32))
                 else:
-                    dst_key[slot] = key
-                    dst_id[slot] = buf_id[j]
-        cute.arch.sync_threads()
-        return total
+                    keys[i] = ordered_key(src[row, e])
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -283,18 +157,16 @@ class RadixTopk:
         rank, row, _ = cute.arch.block_idx()
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        per = BINS // THREADS
 
         smem = cutlass.memory.SmemAllocator()
-        buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)
-        buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
-        best_key = smem.allocate_tensor(Uint32, cute.make_layout(MAX_K), 16)  # a select's output
-        best_id = smem.allocate_tensor(Int32, cute.make_layout(MAX_K), 16)
-        hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)
+        hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)  # one per digit, read remotely
         counts = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
         eq_base = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
+        keys = cute.make_rmem_tensor(PER, Uint32)
 
         # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
         valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
@@ -304,85 +176,123 @@ class RadixTopk:
         span = (n + self.ranks - 1) // self.ranks
         lo = min(rank * span, n)
         hi = min(lo + span, n)
-
-        # 1. Stream the span: keys above the threshold join the buffer, in index order. A select
-        # keeps the buffer's best k_sel when it is too full for a tile, and once after the last.
-        cnt = Int32(0)
-        thr = Uint32(0)
         tiles = (hi - lo + TILE - 1) // TILE
-        for tile in range(0, tiles + 1):
-            if (cnt > CAP - TILE) | ((tile == tiles) & (cnt > k_sel)):
-                t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, 1)
-                self.keep_best(buf_key, buf_id, cnt, t, take, Int32(0), counts, eq_base, warp_sums, tid,
-                               best_key, best_id, out, row, Int32(0), False)
-                for i in range(tid, k_sel, THREADS):
-                    buf_key[i] = best_key[i]
-                    buf_id[i] = best_id[i]
-                cute.arch.sync_threads()
-                cnt = k_sel
-                thr = t
-            if tile < tiles:
-                start = lo + tile * TILE
-                keys = cute.make_rmem_tensor(PER, Uint32)
-                for i in cutlass.range_constexpr(PER):
-                    e = start + i * THREADS + tid
-                    keys[i] = Uint32(0)
-                    if e < hi:
-                        keys[i] = self.key_at(src, row, e)
-                for i in cutlass.range_constexpr(PER):
-                    ballot = ballot_of(keys[i] > thr)
-                    if lane == 0:
-                        counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-                added = scan_counts(counts, PER * WARPS, warp_sums, tid)
-                for i in cutlass.range_constexpr(PER):
-                    ballot = ballot_of(keys[i] > thr)
-                    if keys[i] > thr:
-                        slot = cnt + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
-                        buf_key[slot] = keys[i]
-                        buf_id[slot] = start + i * THREADS + tid
-                cnt = cnt + added
-        cute.arch.sync_threads()
 
-        # 2. The cluster's best k_sel over all spans: one more select, histograms summed over DSMEM.
-        if tid == 0:
-            shared[0] = cnt
-        cluster_sync(self.ranks)
-        total = Int32(0)
-        for r in cutlass.range_constexpr(self.ranks):
-            total = total + load_rank(shared, Int32(0), r)
-        t = Uint32(0)  # when every key fits, keep every key (all are > 0)
+        # 1. The k_sel-th largest key t of the row, one digit per pass over the span, histograms
+        # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
+        # `mine_above` / `mine_tied`: this CTA's keys > t / == t. Rows of <= k_sel keys keep all.
+        t = Uint32(0)
         take = Int32(0)
-        if total > k_sel:
-            t, take = find_threshold(buf_key, cnt, k_sel, hist, result, warp_sums, tid, self.ranks)
-        above = Int32(0)
-        tied = Int32(0)
-        for j in range(tid, cnt, THREADS):
-            if j < cnt:
-                key = buf_key[j]
-                above = above + Int32(key > t)
-                tied = tied + Int32(key == t)
-        _, above = exclusive_scan(above, warp_sums, tid)
-        _, tied = exclusive_scan(tied, warp_sums, tid)
+        mine_above = hi - lo
+        mine_tied = Int32(0)
+        if n > k_sel:
+            for b in cutlass.range_constexpr(3 * per):
+                hist[b * THREADS + tid] = Int32(0)
+            cute.arch.sync_threads()
+            need = k_sel
+            above_part = Int32(0)  # this thread's share of mine_above
+            for p in range(3):  # digits of 11, 11 and 10 bits, most significant first
+                shift = max(Int32(21) - Int32(11) * p, Int32(0))
+                digit_mask = (Uint32(1) << Uint32(11 - p // 2)) - Uint32(1)
+                done_mask = Uint32((Uint64(0xFFFFFFFF) << Uint64(shift + 11 - p // 2)) & Uint64(0xFFFFFFFF))
+                base = p * BINS
+                for tile in range(tiles):
+                    self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
+                    for i in cutlass.range_constexpr(PER):
+                        if (keys[i] != Uint32(0)) & (((keys[i] ^ t) & done_mask) == Uint32(0)):
+                            digit = Int32((keys[i] >> Uint32(shift)) & digit_mask)
+                            cute.arch.atomic_add(hist.iterator + (base + digit), Int32(1))
+                cluster_sync(self.ranks)
+                # This thread's bins, highest first, summed over the cluster; the digit whose
+                # bins from the top first reach `need`.
+                mine = Int32(0)
+                totals = cute.make_rmem_tensor(per, Int32)
+                for b in cutlass.range_constexpr(per):
+                    at = base + BINS - 1 - (tid * per + b)
+                    v = hist[at]
+                    if cutlass.const_expr(self.ranks > 1):
+                        v = Int32(0)
+                        for r in range(self.ranks):
+                            v = v + load_rank(hist, at, r)
+                    totals[b] = v
+                    mine = mine + v
+                above, _ = exclusive_scan(mine, warp_sums, tid)
+                if (above < need) & (above + mine >= need):
+                    run = above
+                    found = Int32(0)
+                    for b in cutlass.range_constexpr(per):
+                        if (found == 0) & (run + totals[b] >= need):
+                            result[0] = BINS - 1 - (tid * per + b)
+                            result[1] = run
+                            found = Int32(1)
+                        run = run + totals[b]
+                cute.arch.sync_threads()
+                digit = result[0]
+                need = need - result[1]
+                for b in cutlass.range_constexpr(per):  # own keys in bins above the digit are > t
+                    if BINS - 1 - (tid * per + b) > digit:
+                        above_part = above_part + hist[base + BINS - 1 - (tid * per + b)]
+                t = t | (Uint32(digit) << Uint32(shift))
+                cute.arch.sync_threads()
+            take = need
+            _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+            mine_tied = hist[2 * BINS + Int32(t & Uint32(0x3FF))]
+
+        # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
         if tid == 0:
-            shared[1] = above
-            shared[2] = tied
+            shared[0] = mine_above
+            shared[1] = mine_tied
         cluster_sync(self.ranks)
-        # Ties at t go to the lowest ids: CTA r takes them after the CTAs before it in the row.
         eq_run = Int32(0)
         eq_before = Int32(0)
         out_base = Int32(0)
         out_total = Int32(0)
         for r in cutlass.range_constexpr(self.ranks):
-            eq_r = load_rank(shared, Int32(2), r)
-            taken = load_rank(shared, Int32(1), r) + min(max(take - eq_run, Int32(0)), eq_r)
+            eq_r = load_rank(shared, Int32(1), r)
+            taken = load_rank(shared, Int32(0), r) + min(max(take - eq_run, Int32(0)), eq_r)
             if r < rank:
                 out_base = out_base + taken
             if r == rank:
                 eq_before = eq_run
             out_total = out_total + taken
             eq_run = eq_run + eq_r
-        self.keep_best(buf_key, buf_id, cnt, t, take, eq_before, counts, eq_base, warp_sums, tid,
-                       best_key, best_id, out, row, out_base, True)
+        # Ties need ranks in index order only when some of them are left out.
+        ranked = (eq_before < take) & (eq_before + mine_tied > take)
+
+        # 3. Stream the span once more and write the kept ids, in index order.
+        written = out_base
+        for tile in range(tiles):
+            start = lo + tile * TILE
+            self.load_tile(src, row, start, hi, tid, keys)
+            tile_tied = Int32(0)
+            if ranked:
+                for i in cutlass.range_constexpr(PER):
+                    ballot = ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))
+                    if lane == 0:
+                        eq_base[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+                tile_tied = scan_counts(eq_base, PER * WARPS, warp_sums, tid)
+            for i in cutlass.range_constexpr(PER):
+                keep = (keys[i] > t) | ((keys[i] == t) & (keys[i] != Uint32(0)) & (eq_before < take))
+                if ranked:
+                    tied = (keys[i] == t) & (keys[i] != Uint32(0))
+                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
+                    keep = (keys[i] > t) | (tied & (rank_in < take))
+                ballot = ballot_of(keep)
+                if lane == 0:
+                    counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+            added = scan_counts(counts, PER * WARPS, warp_sums, tid)
+            for i in cutlass.range_constexpr(PER):
+                keep = (keys[i] > t) | ((keys[i] == t) & (keys[i] != Uint32(0)) & (eq_before < take))
+                if ranked:
+                    tied = (keys[i] == t) & (keys[i] != Uint32(0))
+                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
+                    keep = (keys[i] > t) | (tied & (rank_in < take))
+                ballot = ballot_of(keep)
+                if keep:
+                    out[row, written + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))] = (
+                        start + i * THREADS + tid)
+            written = written + added
+            eq_before = eq_before + tile_tied
         if rank == self.ranks - 1:
             pad_from = out_total
             if cutlass.const_expr(self.pinned):
@@ -438,9 +348,9 @@ def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) ->
 
 
 def cluster_size(rows: int, keys_per_row: int) -> int:
-    """CTAs per row: one per 32K keys up to 8, fewer when the rows alone fill the GPU."""
+    """CTAs per row: one per 8K keys up to 8, fewer once the rows give every SM two CTAs."""
     ranks = 1
-    while ranks < MAX_CLUSTER and ranks * 32768 < keys_per_row and rows * ranks < 256:
+    while ranks < MAX_CLUSTER and ranks * SPAN_PER_CTA < keys_per_row and rows * ranks < 264:
         ranks *= 2
     return ranks
 
