@@ -80,7 +80,7 @@ def test_monotone_and_periodic_rows():
 @pytest.mark.parametrize("kind", ["random", "all_equal", "relu_zeros", "nan_mixed", "all_nan", "inf_mixed"])
 def test_blocks_clusters(block_size, kind):
     k = 2048
-    n_blocks = 300000 // block_size if block_size < 64 else 5000
+    n_blocks = 300000 // block_size if block_size < 64 else 4000
     width = n_blocks * block_size + 3
     bs = block_size
     ends = torch.tensor([width, 0, 1, bs, bs + 1, k * bs, (k + 1) * bs + 1, width // 2, width + 7], dtype=torch.int32)

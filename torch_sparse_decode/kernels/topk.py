@@ -41,6 +41,7 @@ WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
 TILE = THREADS * PER
 BINS = 2048
+FINE = BINS // THREADS  # bins per coarse bin of the digit search
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
@@ -48,16 +49,12 @@ SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 @cute.jit
 def ordered_key(x: Float32) -> Uint32:
-    """Unsigned key of an fp32 score in the library order; 0 is below every score (no key)."""
-    bits = x.bitcast(Uint32)
-    if x != x:
-        bits = Uint32(0xFF800000)  # NaN ranks as -inf
-    if bits == Uint32(0x80000000):
-        bits = Uint32(0)  # -0.0 ties +0.0
-    flip = Uint32(0x80000000)
-    if (bits >> Uint32(31)) != Uint32(0):
-        flip = Uint32(0xFFFFFFFF)
-    return bits ^ flip
+    """Unsigned key of an fp32 score in the library order; 0 is below every score (no key).
+    Selects, not branches: the loads of a tile stay in flight together."""
+    bits = cutlass.select_(x != x, Uint32(0xFF800000), x.bitcast(Uint32))  # NaN ranks as -inf
+    bits = cutlass.select_(bits == Uint32(0x80000000), Uint32(0), bits)  # -0.0 ties +0.0
+    flip = cutlass.select_((bits >> Uint32(31)) != Uint32(0), Uint32(0xFFFFFFFF), Uint32(0x80000000))
+    return Uint32(bits ^ flip)
 
 
 @cute.jit
@@ -138,17 +135,79 @@ class RadixTopk:
 
     @cute.jit
     def load_tile(self, src: cute.Tensor, row: Int32, start: Int32, hi: Int32, tid: Int32, keys: cute.Tensor):
-        """This thread's keys of the tile at ``start`` (0 past ``hi``); all loads issued first."""
+        """This thread's keys of the tile at ``start`` (0 past ``hi``, which is > ``start``). Indices
+        are clamped rather than branched on, so all the tile's loads are in flight at once."""
         for i in cutlass.range_constexpr(PER):
             e = start + i * THREADS + tid
-            keys[i] = Uint32(0)
-            if e < hi:
-                if cutlass.const_expr(self.source is Int32):
-                    keys[i] = src[row, e].bitcast(Uint32)  # block keys, already ordered
-                elif cutlass.const_expr(self.source is BFloat16):
-                    keys[i] = ordered_key(src[row, e].to(Float32))
-                else:
-                    keys[i] = ordered_key(src[row, e])
+            at = min(e, hi - 1)
+            if cutlass.const_expr(self.source is Int32):
+                key = src[row, at].bitcast(Uint32)  # block keys, already ordered
+            elif cutlass.const_expr(self.source is BFloat16):
+                key = ordered_key(src[row, at].to(Float32))
+            else:
+                key = ordered_key(src[row, at])
+            keys[i] = Uint32(cutlass.select_(e < hi, key, Uint32(0)))
+
+    @cute.jit
+    def find_digit(self, hist: cute.Tensor, base: Int32, need: Int32, coarse: cute.Tensor, fine: cute.Tensor,
+                   result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
+        """(d, above, own): the digit d whose bin, counting down from the top bin of the cluster's
+        histograms at ``base``, reaches ``need``; how many keys the bins above d hold; this thread's
+        share of this CTA's keys in them. Two rounds of remote reads: 256 coarse bins, then the
+        FINE bins of the chosen one (remote loads are slow, so each thread issues at most W)."""
+        slot = base // BINS * THREADS
+        mine = Int32(0)
+        for b in cutlass.range_constexpr(FINE):
+            mine = mine + hist[base + tid * FINE + (b + tid) % FINE]  # rotated: fewer bank conflicts
+        coarse[slot + tid] = mine
+        cluster_sync(self.ranks)
+        # Coarse bin c covers bins [c * FINE, (c + 1) * FINE); thread THREADS-1-c scans it so the
+        # exclusive scan counts the bins above.
+        from_top = THREADS - 1 - tid
+        mirrored = self.cluster_sum(coarse, slot + from_top)
+        above, _ = exclusive_scan(mirrored, warp_sums, tid)
+        if (above < need) & (above + mirrored >= need):
+            result[0] = from_top
+            result[1] = above
+        cute.arch.sync_threads()
+        chosen = result[0]
+        if tid < FINE:
+            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid)
+        cute.arch.sync_threads()
+        if tid == 0:
+            run = result[1]
+            found = Int32(0)
+            for b in cutlass.range_constexpr(FINE):
+                v = fine[FINE - 1 - b]
+                if (found == 0) & (run + v >= need):
+                    result[0] = chosen * FINE + FINE - 1 - b
+                    result[1] = run
+                    found = Int32(1)
+                run = run + v
+        cute.arch.sync_threads()
+        digit = result[0]
+        above = result[1]
+        own = Int32(0)
+        if tid > chosen:
+            own = coarse[slot + tid]
+        if tid < FINE:
+            if chosen * FINE + tid > digit:
+                own = own + hist[base + chosen * FINE + tid]
+        cute.arch.sync_threads()
+        return digit, above, own
+
+    @cute.jit
+    def cluster_sum(self, t: cute.Tensor, i: Int32) -> Int32:
+        """``t[i]`` summed over the cluster's CTAs (all remote loads issued before the adds)."""
+        v = t[i]
+        if cutlass.const_expr(self.ranks > 1):
+            parts = cute.make_rmem_tensor(self.ranks, Int32)
+            for r in cutlass.range_constexpr(self.ranks):
+                parts[r] = load_rank(t, i, r)
+            v = Int32(0)
+            for r in cutlass.range_constexpr(self.ranks):
+                v = v + parts[r]
+        return v
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -157,10 +216,12 @@ class RadixTopk:
         rank, row, _ = cute.arch.block_idx()
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        per = BINS // THREADS
+        per = FINE
 
         smem = cutlass.memory.SmemAllocator()
         hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)  # one per digit, read remotely
+        coarse = smem.allocate_tensor(Int32, cute.make_layout(3 * THREADS), 16)  # per digit, read remotely
+        fine = smem.allocate_tensor(Int32, cute.make_layout(FINE), 16)
         counts = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
         eq_base = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
@@ -195,45 +256,18 @@ class RadixTopk:
                 shift = max(Int32(21) - Int32(11) * p, Int32(0))
                 digit_mask = (Uint32(1) << Uint32(11 - p // 2)) - Uint32(1)
                 done_mask = Uint32((Uint64(0xFFFFFFFF) << Uint64(shift + 11 - p // 2)) & Uint64(0xFFFFFFFF))
-                base = p * BINS
+                level = hist.iterator + p * BINS
                 for tile in range(tiles):
                     self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
                     for i in cutlass.range_constexpr(PER):
                         if (keys[i] != Uint32(0)) & (((keys[i] ^ t) & done_mask) == Uint32(0)):
-                            digit = Int32((keys[i] >> Uint32(shift)) & digit_mask)
-                            cute.arch.atomic_add(hist.iterator + (base + digit), Int32(1))
-                cluster_sync(self.ranks)
-                # This thread's bins, highest first, summed over the cluster; the digit whose
-                # bins from the top first reach `need`.
-                mine = Int32(0)
-                totals = cute.make_rmem_tensor(per, Int32)
-                for b in cutlass.range_constexpr(per):
-                    at = base + BINS - 1 - (tid * per + b)
-                    v = hist[at]
-                    if cutlass.const_expr(self.ranks > 1):
-                        v = Int32(0)
-                        for r in range(self.ranks):
-                            v = v + load_rank(hist, at, r)
-                    totals[b] = v
-                    mine = mine + v
-                above, _ = exclusive_scan(mine, warp_sums, tid)
-                if (above < need) & (above + mine >= need):
-                    run = above
-                    found = Int32(0)
-                    for b in cutlass.range_constexpr(per):
-                        if (found == 0) & (run + totals[b] >= need):
-                            result[0] = BINS - 1 - (tid * per + b)
-                            result[1] = run
-                            found = Int32(1)
-                        run = run + totals[b]
+                            cute.arch.atomic_add(level + Int32((keys[i] >> Uint32(shift)) & digit_mask), Int32(1))
                 cute.arch.sync_threads()
-                digit = result[0]
-                need = need - result[1]
-                for b in cutlass.range_constexpr(per):  # own keys in bins above the digit are > t
-                    if BINS - 1 - (tid * per + b) > digit:
-                        above_part = above_part + hist[base + BINS - 1 - (tid * per + b)]
+                digit, above, own_above = self.find_digit(hist, p * BINS, need, coarse, fine, result,
+                                                          warp_sums, tid)
+                need = need - above
+                above_part = above_part + own_above
                 t = t | (Uint32(digit) << Uint32(shift))
-                cute.arch.sync_threads()
             take = need
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
             mine_tied = hist[2 * BINS + Int32(t & Uint32(0x3FF))]
