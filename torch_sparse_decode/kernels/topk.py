@@ -36,12 +36,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, BFloat16, Float32, Int32, Uint32, Uint64
 
-THREADS = 256
+THREADS = 512
 WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
 TILE = THREADS * PER
 BINS = 2048
 FINE = BINS // THREADS  # bins per coarse bin of the digit search
+CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
@@ -149,6 +150,65 @@ class RadixTopk:
             keys[i] = Uint32(cutlass.select_(e < hi, key, Uint32(0)))
 
     @cute.jit
+    def count_digit(self, src: cute.Tensor, row: Int32, lo: Int32, hi: Int32, tiles: Int32, hist: cute.Tensor,
+                    p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, tid: Int32):
+        """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's."""
+        shift, bits = ((21, 11), (10, 11), (0, 10))[p]
+        for tile in range(tiles):
+            self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
+            for i in cutlass.range_constexpr(PER):
+                live = keys[i] != Uint32(0)
+                if cutlass.const_expr(p > 0):
+                    live = live & ((keys[i] >> Uint32(shift + bits)) == (t >> Uint32(shift + bits)))
+                if live:
+                    digit = Int32((keys[i] >> Uint32(shift)) & Uint32((1 << bits) - 1))
+                    cute.arch.atomic_add(hist.iterator + (p * BINS + digit), Int32(1))
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def compact_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, take: Int32, eq_before: Int32,
+                     ranked, to_copy: cutlass.Constexpr[bool], buf_key: cute.Tensor, buf_id: cute.Tensor,
+                     out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, eq_base: cute.Tensor,
+                     warp_sums: cute.Tensor, tid: Int32):
+        """Write a tile's kept entries after the ``written`` before them, in index order: keys >= t
+        into the copy (``to_copy``), or the ids of keys > t and of the first ``take`` keys == t
+        (``eq_before`` of them came earlier) into ``out``. Returns (kept, keys == t)."""
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        tile_tied = Int32(0)
+        if ranked:
+            for i in cutlass.range_constexpr(PER):
+                ballot = ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))
+                if lane == 0:
+                    eq_base[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+            tile_tied = scan_counts(eq_base, PER * WARPS, warp_sums, tid)
+        flags = cute.make_rmem_tensor(PER, Boolean)
+        for i in cutlass.range_constexpr(PER):
+            live = keys[i] != Uint32(0)
+            if cutlass.const_expr(to_copy):
+                flags[i] = live & (keys[i] >= t)
+            else:
+                flags[i] = (keys[i] > t) | ((keys[i] == t) & live & (eq_before < take))
+                if ranked:
+                    tied = (keys[i] == t) & live
+                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
+                    flags[i] = (keys[i] > t) | (tied & (rank_in < take))
+            ballot = ballot_of(flags[i])
+            if lane == 0:
+                counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
+        added = scan_counts(counts, PER * WARPS, warp_sums, tid)
+        for i in cutlass.range_constexpr(PER):
+            ballot = ballot_of(flags[i])
+            if flags[i]:
+                slot = written + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+                if cutlass.const_expr(to_copy):
+                    buf_key[slot] = keys[i]
+                    buf_id[slot] = ids[i]
+                else:
+                    out[row, slot] = ids[i]
+        return added, tile_tied
+
+    @cute.jit
     def find_digit(self, hist: cute.Tensor, base: Int32, need: Int32, coarse: cute.Tensor, fine: cute.Tensor,
                    result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
         """(d, above, own): the digit d whose bin, counting down from the top bin of the cluster's
@@ -227,7 +287,10 @@ class RadixTopk:
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
+        buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
+        buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         keys = cute.make_rmem_tensor(PER, Uint32)
+        ids = cute.make_rmem_tensor(PER, Int32)
 
         # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
         valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
@@ -239,35 +302,57 @@ class RadixTopk:
         hi = min(lo + span, n)
         tiles = (hi - lo + TILE - 1) // TILE
 
-        # 1. The k_sel-th largest key t of the row, one digit per pass over the span, histograms
+        # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
         # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
         # `mine_above` / `mine_tied`: this CTA's keys > t / == t. Rows of <= k_sel keys keep all.
+        # After the first digit a CTA whose keys at or above its bucket fit in shared memory copies
+        # them there (in index order) and never reads the row again: two reads instead of four.
         t = Uint32(0)
         take = Int32(0)
         mine_above = hi - lo
         mine_tied = Int32(0)
+        kept = Int32(0)
         if n > k_sel:
-            for b in cutlass.range_constexpr(3 * per):
+            for b in cutlass.range_constexpr(3 * FINE):
                 hist[b * THREADS + tid] = Int32(0)
             cute.arch.sync_threads()
-            need = k_sel
-            above_part = Int32(0)  # this thread's share of mine_above
-            for p in range(3):  # digits of 11, 11 and 10 bits, most significant first
-                shift = max(Int32(21) - Int32(11) * p, Int32(0))
-                digit_mask = (Uint32(1) << Uint32(11 - p // 2)) - Uint32(1)
-                done_mask = Uint32((Uint64(0xFFFFFFFF) << Uint64(shift + 11 - p // 2)) & Uint64(0xFFFFFFFF))
-                level = hist.iterator + p * BINS
+            self.count_digit(src, row, lo, hi, tiles, hist, 0, t, keys, tid)
+            digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums, tid)
+            need = k_sel - above
+            t = Uint32(digit) << Uint32(21)
+            _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+            kept = mine_above + hist[digit]
+            if kept <= CAP:
+                # Copy keys >= the bucket's lowest key, counting the second digit on the way.
+                written = Int32(0)
                 for tile in range(tiles):
-                    self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
+                    start = lo + tile * TILE
+                    self.load_tile(src, row, start, hi, tid, keys)
                     for i in cutlass.range_constexpr(PER):
-                        if (keys[i] != Uint32(0)) & (((keys[i] ^ t) & done_mask) == Uint32(0)):
-                            cute.arch.atomic_add(level + Int32((keys[i] >> Uint32(shift)) & digit_mask), Int32(1))
-                cute.arch.sync_threads()
-                digit, above, own_above = self.find_digit(hist, p * BINS, need, coarse, fine, result,
-                                                          warp_sums, tid)
+                        ids[i] = start + i * THREADS + tid
+                        if (keys[i] != Uint32(0)) & ((keys[i] >> Uint32(21)) == (t >> Uint32(21))):
+                            cute.arch.atomic_add(hist.iterator + (BINS + Int32((keys[i] >> Uint32(10)) & Uint32(0x7FF))),
+                                                 Int32(1))
+                    added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
+                                                 out, row, written, counts, eq_base, warp_sums, tid)
+                    written = written + added
+            else:
+                self.count_digit(src, row, lo, hi, tiles, hist, 1, t, keys, tid)
+            cute.arch.sync_threads()
+            for p in range(1, 3):
+                digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
                 need = need - above
-                above_part = above_part + own_above
-                t = t | (Uint32(digit) << Uint32(shift))
+                above_part = above_part + own
+                t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))
+                if p == 1:
+                    if kept <= CAP:
+                        for j in range(tid, kept, THREADS):
+                            key = buf_key[j]
+                            if (key >> Uint32(10)) == (t >> Uint32(10)):
+                                cute.arch.atomic_add(hist.iterator + (2 * BINS + Int32(key & Uint32(0x3FF))), Int32(1))
+                    else:
+                        self.count_digit(src, row, lo, hi, tiles, hist, 2, t, keys, tid)
+                    cute.arch.sync_threads()
             take = need
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
             mine_tied = hist[2 * BINS + Int32(t & Uint32(0x3FF))]
@@ -293,40 +378,31 @@ class RadixTopk:
         # Ties need ranks in index order only when some of them are left out.
         ranked = (eq_before < take) & (eq_before + mine_tied > take)
 
-        # 3. Stream the span once more and write the kept ids, in index order.
+        # 3. The kept ids, in index order: from the copy when there is one, else from the row.
         written = out_base
-        for tile in range(tiles):
-            start = lo + tile * TILE
-            self.load_tile(src, row, start, hi, tid, keys)
-            tile_tied = Int32(0)
-            if ranked:
+        if (n > k_sel) & (kept <= CAP):
+            for start in range(0, kept, TILE):
                 for i in cutlass.range_constexpr(PER):
-                    ballot = ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))
-                    if lane == 0:
-                        eq_base[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-                tile_tied = scan_counts(eq_base, PER * WARPS, warp_sums, tid)
-            for i in cutlass.range_constexpr(PER):
-                keep = (keys[i] > t) | ((keys[i] == t) & (keys[i] != Uint32(0)) & (eq_before < take))
-                if ranked:
-                    tied = (keys[i] == t) & (keys[i] != Uint32(0))
-                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
-                    keep = (keys[i] > t) | (tied & (rank_in < take))
-                ballot = ballot_of(keep)
-                if lane == 0:
-                    counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-            added = scan_counts(counts, PER * WARPS, warp_sums, tid)
-            for i in cutlass.range_constexpr(PER):
-                keep = (keys[i] > t) | ((keys[i] == t) & (keys[i] != Uint32(0)) & (eq_before < take))
-                if ranked:
-                    tied = (keys[i] == t) & (keys[i] != Uint32(0))
-                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
-                    keep = (keys[i] > t) | (tied & (rank_in < take))
-                ballot = ballot_of(keep)
-                if keep:
-                    out[row, written + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))] = (
-                        start + i * THREADS + tid)
-            written = written + added
-            eq_before = eq_before + tile_tied
+                    j = start + i * THREADS + tid
+                    keys[i] = Uint32(0)
+                    ids[i] = Int32(0)
+                    if j < kept:
+                        keys[i] = buf_key[j]
+                        ids[i] = buf_id[j]
+                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
+                                                out, row, written, counts, eq_base, warp_sums, tid)
+                written = written + added
+                eq_before = eq_before + tied
+        else:
+            for tile in range(tiles):
+                start = lo + tile * TILE
+                self.load_tile(src, row, start, hi, tid, keys)
+                for i in cutlass.range_constexpr(PER):
+                    ids[i] = start + i * THREADS + tid
+                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
+                                                out, row, written, counts, eq_base, warp_sums, tid)
+                written = written + added
+                eq_before = eq_before + tied
         if rank == self.ranks - 1:
             pad_from = out_total
             if cutlass.const_expr(self.pinned):
