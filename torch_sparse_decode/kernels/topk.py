@@ -43,7 +43,6 @@ TILE = THREADS * PER
 BINS = 2048
 FINE = BINS // THREADS  # bins per coarse bin of the digit search
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
-MAP_WORDS = 8192  # bitmap of copied ids: spans up to 256K keys can be copied
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
@@ -164,72 +163,6 @@ class RadixTopk:
                 if live:
                     digit = Int32((keys[i] >> Uint32(shift)) & Uint32((1 << bits) - 1))
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit), Int32(1))
-        cute.arch.sync_threads()
-
-    @cute.jit
-    def copy_candidates(self, src: cute.Tensor, row: Int32, lo: Int32, hi: Int32, tiles: Int32, t: Uint32,
-                        kept: Int32, hist: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor,
-                        bitmap: cute.Tensor, counts: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor,
-                        keys: cute.Tensor, tid: Int32):
-        """Copy the span's ``kept`` keys >= t (and ids) to ``buf`` in index order, histogramming the
-        second digit of those in t's bucket. Warps append without block barriers; a bitmap of the
-        copied ids then gives each its index-order slot."""
-        lane = tid % 32
-        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        words = (hi - lo + 31) // 32
-        for w in range(tid, words, THREADS):
-            bitmap[w] = Uint32(0)
-        if tid == 0:
-            result[0] = Int32(0)
-        cute.arch.sync_threads()
-        for tile in range(tiles):
-            start = lo + tile * TILE
-            self.load_tile(src, row, start, hi, tid, keys)
-            for i in cutlass.range_constexpr(PER):
-                key = keys[i]
-                e = start + i * THREADS + tid
-                if (key != Uint32(0)) & ((key >> Uint32(21)) == (t >> Uint32(21))):
-                    cute.arch.atomic_add(hist.iterator + (BINS + Int32((key >> Uint32(10)) & Uint32(0x7FF))), Int32(1))
-                keep = (key != Uint32(0)) & (key >= t)
-                ballot = ballot_of(keep)
-                if ballot != Uint32(0):
-                    first = Int32(0)
-                    if lane == 0:
-                        first = cute.arch.atomic_add(result.iterator, Int32(cute.arch.popc(ballot)))
-                    first = cute.arch.shuffle_sync(first, offset=0)
-                    if keep:
-                        slot = first + Int32(cute.arch.popc(ballot & lower))
-                        buf_key[slot] = key
-                        buf_id[slot] = e
-                        cute.arch.atomic_or(bitmap.iterator + ((e - lo) // 32), Uint32(1) << Uint32((e - lo) % 32))
-        cute.arch.sync_threads()
-        # Slot of id e: copied ids in words before e's word, plus those below e in its word.
-        per = (words + THREADS - 1) // THREADS
-        mine = Int32(0)
-        for w in range(tid * per, min(tid * per + per, words)):
-            mine = mine + Int32(cute.arch.popc(bitmap[w]))
-        before, _ = exclusive_scan(mine, warp_sums, tid)
-        counts[tid] = before
-        staged_key = cute.make_rmem_tensor(CAP // THREADS, Uint32)
-        staged_id = cute.make_rmem_tensor(CAP // THREADS, Int32)
-        for m in cutlass.range_constexpr(CAP // THREADS):
-            j = m * THREADS + tid
-            staged_key[m] = Uint32(0)
-            staged_id[m] = Int32(0)
-            if j < kept:
-                staged_key[m] = buf_key[j]
-                staged_id[m] = buf_id[j]
-        cute.arch.sync_threads()
-        for m in cutlass.range_constexpr(CAP // THREADS):
-            if m * THREADS + tid < kept:
-                offset = staged_id[m] - lo
-                word = offset // 32
-                owner = word // per
-                slot = counts[owner] + Int32(cute.arch.popc(bitmap[word] & ((Uint32(1) << Uint32(offset % 32)) - Uint32(1))))
-                for w in range(owner * per, word):
-                    slot = slot + Int32(cute.arch.popc(bitmap[w]))
-                buf_key[slot] = staged_key[m]
-                buf_id[slot] = staged_id[m]
         cute.arch.sync_threads()
 
     @cute.jit
@@ -356,7 +289,6 @@ class RadixTopk:
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
-        bitmap = smem.allocate_tensor(Uint32, cute.make_layout(MAP_WORDS), 16)  # the copy's ids
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
 
@@ -380,7 +312,6 @@ class RadixTopk:
         mine_above = hi - lo
         mine_tied = Int32(0)
         kept = Int32(0)
-        copied = Boolean(False)
         if n > k_sel:
             for b in cutlass.range_constexpr(3 * FINE):
                 hist[b * THREADS + tid] = Int32(0)
@@ -391,10 +322,20 @@ class RadixTopk:
             t = Uint32(digit) << Uint32(21)
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
             kept = mine_above + hist[digit]
-            copied = (kept <= CAP) & (hi - lo <= 32 * MAP_WORDS)
-            if copied:
-                self.copy_candidates(src, row, lo, hi, tiles, t, kept, hist, buf_key, buf_id, bitmap, counts,
-                                     result, warp_sums, keys, tid)
+            if kept <= CAP:
+                # Copy keys >= the bucket's lowest key, counting the second digit on the way.
+                written = Int32(0)
+                for tile in range(tiles):
+                    start = lo + tile * TILE
+                    self.load_tile(src, row, start, hi, tid, keys)
+                    for i in cutlass.range_constexpr(PER):
+                        ids[i] = start + i * THREADS + tid
+                        if (keys[i] != Uint32(0)) & ((keys[i] >> Uint32(21)) == (t >> Uint32(21))):
+                            cute.arch.atomic_add(hist.iterator + (BINS + Int32((keys[i] >> Uint32(10)) & Uint32(0x7FF))),
+                                                 Int32(1))
+                    added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
+                                                 out, row, written, counts, eq_base, warp_sums, tid)
+                    written = written + added
             else:
                 self.count_digit(src, row, lo, hi, tiles, hist, 1, t, keys, tid)
             cute.arch.sync_threads()
@@ -404,7 +345,7 @@ class RadixTopk:
                 above_part = above_part + own
                 t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))
                 if p == 1:
-                    if copied:
+                    if kept <= CAP:
                         for j in range(tid, kept, THREADS):
                             key = buf_key[j]
                             if (key >> Uint32(10)) == (t >> Uint32(10)):
@@ -439,7 +380,7 @@ class RadixTopk:
 
         # 3. The kept ids, in index order: from the copy when there is one, else from the row.
         written = out_base
-        if copied:
+        if (n > k_sel) & (kept <= CAP):
             for start in range(0, kept, TILE):
                 for i in cutlass.range_constexpr(PER):
                     j = start + i * THREADS + tid
