@@ -31,13 +31,13 @@ def _load(module: str):
 def _lazy_kernel(name: str, module: str) -> Callable[..., None]:
     resolved: list[Callable[..., None]] = []
 
-    def kernel(*args) -> None:
+    def kernel(*args, **kwargs) -> None:
         if not resolved:
             loaded = _load(module)
             resolved.append(getattr(loaded, name) if loaded else getattr(reference, name))
         # Kernels launch on the current device's current stream: make that the inputs' device.
         with torch.cuda.device(args[0].device):
-            resolved[0](*args)
+            resolved[0](*args, **kwargs)
 
     kernel.__name__ = name
     return kernel

@@ -1,27 +1,32 @@
 """CUDA kernels of ``select_candidate_blocks`` and ``indexer_topk``: one exact top-k engine.
 
-The engine (``RadixTopk``, CuTe DSL) selects the best ``k_sel`` of each row's first ``n`` keys and
-writes their ids ascending, -1 padded, optionally followed by a pinned id (the newest block).
+The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of each row's first
+``n`` keys, ascending, -1 padded, optionally followed by a pinned id (the newest block).
 
-- A row is split over a thread-block cluster of S CTAs (S = 1..8 by row width and row count), each
-  streaming a contiguous span of the row once (work follows the valid length, not the padded
-  width). Keys are 32-bit, unsigned order = library order (NaN as -inf, -0.0 as +0.0); ids break
-  ties, so the best ``k_sel`` keys are unique.
-- Each CTA keeps a shared-memory buffer of candidates in index order. A tile's keys above the
-  CTA's threshold are appended (ballot compaction keeps index order); when the buffer fills,
-  a radix select (three 11/11/10-bit digits, shared-memory histograms, warp-aggregated so ties do
-  not serialize the atomics) keeps its best ``k_sel`` and raises the threshold to the ``k_sel``-th
-  key. Later keys equal to it lose to it on id, so the filter is a strict ``>``.
-- The cluster then runs the same radix select over the union of its CTAs' lists, summing the
-  histograms through distributed shared memory, and each CTA writes its share of the output at
-  an offset from its predecessors' counts: ids come out ascending with no sort, ties at the
-  threshold go to the lowest ids (counted across the cluster in rank order).
+- Keys are 32-bit, unsigned order = library order (NaN as -inf, -0.0 as +0.0); ids break ties.
+  A row is split over a thread-block cluster of S CTAs (S = 1..8 by row width and row count),
+  each owning a contiguous span of the row's valid prefix (work follows the valid length).
+- The k_sel-th largest key t is found one radix digit at a time (11, 11 and 10 bits): every CTA
+  histograms its span's keys that match the digits found so far (shared-memory atomics), and the
+  digit is read off the cluster's summed histogram through distributed shared memory, in two
+  rounds of few remote loads (512 coarse bins, then the chosen one's fine bins). Every CTA also
+  learns how many of its own keys are above t and equal to t.
+- After the first digit a CTA whose keys at or above t's bucket fit in shared memory copies them
+  there in index order (the common case: the row is read twice); tie-heavy spans, whose bucket
+  holds most of the span, read the row once per digit instead (four reads, still exact).
+- Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
+  counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
+  sort and no approximate bin; nothing is written outside ``out`` (no workspace).
 
 Block scores (``select_candidate_blocks``) are first reduced to one key per valid block by a small
-Triton kernel (``_block_keys``, any block size); the engine then reads ``ceil(width / block_size)``
-keys per row instead of the logits. Why CuTe DSL for the select: it needs shared-memory atomics,
-warp votes and cluster barriers, none of which Triton exposes; why Triton for block keys: a 2-D
-masked max over arbitrary block sizes is one line there, and it runs on the CPU interpreter.
+Triton kernel (``_block_keys``, any block size) into a workspace (the caller's, when given); the
+engine then reads ``ceil(width / block_size)`` keys per row instead of the logits.
+
+Why CuTe DSL for the select: it needs shared-memory atomics, warp votes, cluster barriers and
+distributed shared memory, none of which Triton exposes. Why Triton for block keys: a masked 2-D
+max over any block size is a few lines there, and it runs on the CPU interpreter in CI.
+Measured (H200, benchmarks/RESULTS.md): exact on every test, 2-7x faster than the torch
+baselines, but above the SPEC's one-read bars; docs/topk_engine.md says where the time goes.
 """
 
 from __future__ import annotations
@@ -213,8 +218,8 @@ class RadixTopk:
                    result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
         """(d, above, own): the digit d whose bin, counting down from the top bin of the cluster's
         histograms at ``base``, reaches ``need``; how many keys the bins above d hold; this thread's
-        share of this CTA's keys in them. Two rounds of remote reads: 256 coarse bins, then the
-        FINE bins of the chosen one (remote loads are slow, so each thread issues at most W)."""
+        share of this CTA's keys in them. Two rounds of remote reads: THREADS coarse bins, then the
+        FINE bins of the chosen one (remote loads are slow, so each thread issues few)."""
         slot = base // BINS * THREADS
         mine = Int32(0)
         for b in cutlass.range_constexpr(FINE):
@@ -439,11 +444,16 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride,
         tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < n_blocks)
 
 
-def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written."""
+def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int,
+               workspace: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys (in ``workspace`` when given);
+    only valid blocks are written."""
     rows, width = logits.shape
     num_blocks = -(-width // block_size)
-    keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
+    if workspace is None:
+        keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
+    else:
+        keys = workspace[: rows * num_blocks].view(rows, num_blocks)
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
@@ -494,9 +504,10 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
 
 
-def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
+def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor,
+                            workspace: torch.Tensor | None = None) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    keys = block_keys(logits, row_ends, block_size)
+    keys = block_keys(logits, row_ends, block_size, workspace)
     _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
 
 
