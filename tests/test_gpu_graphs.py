@@ -75,24 +75,3 @@ def test_dcp_simulated_graph_replay():
 
     graphed = capture_graph(step, *make(0))
     assert replay_matches(graphed, _fresh(make), ref) == 4
-
-
-def test_candidate_blocks_with_caller_workspace_graph_replay():
-    """With a caller-owned workspace the captured call allocates nothing and stays exact."""
-    rows, width = 8, 1 << 20
-    workspace = tsd.candidate_blocks_workspace(rows, width, 8, device="cuda")
-
-    def make(seed):
-        gen = torch.Generator().manual_seed(seed)
-        logits = scores("bf16_plateau", (rows, width), seed).cuda()
-        ends = torch.randint(0, width + 1, (rows,), generator=gen, dtype=torch.int32).cuda()
-        return logits, ends
-
-    def step(logits, ends):
-        return (tsd.select_candidate_blocks(logits, ends, 8, 2048, workspace=workspace),)
-
-    def ref(logits, ends):
-        return (tsd.select_candidate_blocks(logits.cpu(), ends.cpu(), 8, 2048),)
-
-    graphed = capture_graph(step, *make(0))
-    assert replay_matches(graphed, _fresh(make), ref) == 4

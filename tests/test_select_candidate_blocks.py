@@ -76,14 +76,3 @@ def test_largest_rows(device, block_size):
 def test_tiny_width(device, width):
     x = scores("random", (2, width), seed=width)
     check(x, torch.tensor([width, 7], dtype=torch.int32), 4, 3, device)
-
-
-def test_workspace_helper_sizes_and_checks():
-    assert tsd.candidate_blocks_workspace_size(3, 1000, 8) == 375
-    assert tsd.candidate_blocks_workspace_size(2, 1001, 8) == 252
-    ws = tsd.candidate_blocks_workspace(2, 1001, 8)
-    assert ws.dtype == torch.int32 and ws.shape == (252,)
-    with pytest.raises(ValueError, match="block_size"):
-        tsd.candidate_blocks_workspace(2, 10, 0)
-    with pytest.raises(TypeError, match="rows"):
-        tsd.candidate_blocks_workspace(2.0, 10, 1)

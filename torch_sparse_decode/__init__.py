@@ -18,16 +18,13 @@ import torch
 
 from . import dcp, kernels, ops, order  # noqa: F401  (kernels registers the CUDA implementations)
 from ._library import register_warmup, registered_ops, run_warmups
-from .api import candidate_blocks_workspace, indexer_topk, moe_route, select_candidate_blocks
-from .ops import candidate_blocks_workspace_size
+from .api import indexer_topk, moe_route, select_candidate_blocks
 
 __version__ = "0.1.0"
 
 __all__ = [
     "moe_route",
     "select_candidate_blocks",
-    "candidate_blocks_workspace",
-    "candidate_blocks_workspace_size",
     "indexer_topk",
     "dcp",
     "ops",

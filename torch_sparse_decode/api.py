@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from . import ops  # noqa: F401  (registers the ops)
-from .ops import candidate_blocks_workspace_size
 from ._library import check_is_tensor, check_scalar
 
 
@@ -72,7 +71,6 @@ def select_candidate_blocks(
     k: int,
     *,
     out: torch.Tensor | None = None,
-    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Candidate block selection for sparse-attention decode (SPEC 2.2).
 
@@ -84,10 +82,6 @@ def select_candidate_blocks(
             valid blocks, each scored by the max of its valid columns (NaN ignored).
         k: blocks to select, 1..4096.
         out: optional int32 [rows, k] to write into.
-        workspace: optional int32 scratch of at least ``candidate_blocks_workspace_size(rows,
-            width, block_size)`` elements (``candidate_blocks_workspace`` allocates one). Pass one
-            to keep every allocation out of the call (CUDA graphs, memory planning); without it
-            the CUDA kernel takes it from the caching allocator.
 
     Returns:
         int32 [rows, k]: the newest valid block plus the best ``k - 1`` other valid blocks in the
@@ -98,19 +92,8 @@ def select_candidate_blocks(
         out = _out_rows(logits, "logits", k)
     elif isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] != k:
         raise ValueError(f"out must have k = {k} columns, got {out.shape[1]}")
-    torch.ops.sparse_decode.select_candidate_blocks(logits, row_ends, block_size, out, workspace)
+    torch.ops.sparse_decode.select_candidate_blocks(logits, row_ends, block_size, out)
     return out
-
-
-def candidate_blocks_workspace(rows: int, width: int, block_size: int, device=None) -> torch.Tensor:
-    """A workspace for ``select_candidate_blocks`` on ``rows`` x ``width`` logits (int32, 1-D)."""
-    check_scalar(rows, "rows", int)
-    check_scalar(width, "width", int)
-    check_scalar(block_size, "block_size", int)
-    if rows < 0 or width < 0 or block_size < 1:
-        raise ValueError(f"rows and width must be >= 0 and block_size >= 1, got {rows}, {width}, {block_size}")
-    size = candidate_blocks_workspace_size(rows, width, block_size)
-    return torch.empty(size, dtype=torch.int32, device=device)
 
 
 def indexer_topk(

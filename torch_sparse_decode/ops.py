@@ -76,24 +76,12 @@ def _check_topk_rows(scores, scores_name, dtypes, lengths, lengths_name, out):
     check_same_device(scores, scores_name, **{lengths_name: lengths, "out": out})
 
 
-def candidate_blocks_workspace_size(rows: int, width: int, block_size: int) -> int:
-    """int32 elements of ``select_candidate_blocks``'s workspace: one key per block of each row."""
-    return rows * -(-width // block_size)
-
-
-def check_select_candidate_blocks(logits, row_ends, block_size, out, workspace=None) -> None:
+def check_select_candidate_blocks(logits, row_ends, block_size, out) -> None:
     _check_topk_rows(logits, "logits", _FLOAT, row_ends, "row_ends", out)
     check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
-    if workspace is not None:
-        check_tensor(workspace, "workspace", dtypes=_INT32, ndim=1)
-        need = candidate_blocks_workspace_size(logits.shape[0], logits.shape[1], block_size)
-        if workspace.numel() < need:
-            raise ValueError(f"workspace must hold at least {need} int32 elements "
-                             f"(candidate_blocks_workspace_size), got {workspace.numel()}")
-        check_same_device(logits, "logits", workspace=workspace)
 
 
-select_candidate_blocks = define_op("select_candidate_blocks", ("out", "workspace"), check_select_candidate_blocks)(
+select_candidate_blocks = define_op("select_candidate_blocks", ("out",), check_select_candidate_blocks)(
     reference.select_candidate_blocks
 )
 

@@ -88,16 +88,9 @@ def block_scores(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) 
 
 
 def select_candidate_blocks(
-    logits: torch.Tensor,
-    row_ends: torch.Tensor,
-    block_size: int,
-    out: torch.Tensor,
-    workspace: torch.Tensor | None = None,
+    logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor
 ) -> None:
-    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded.
-
-    ``workspace`` is the CUDA kernel's scratch space (see ``candidate_blocks_workspace_size``);
-    the reference needs none and leaves it alone."""
+    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded."""
     rows, width = logits.shape
     k = out.shape[1]
     scores = block_scores(logits, row_ends, block_size)

@@ -19,7 +19,7 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
 
 Block scores (``select_candidate_blocks``) are first reduced to one key per valid block by a small
-Triton kernel (``_block_keys``, any block size) into a workspace (the caller's, when given); the
+Triton kernel (``_block_keys``, any block size) into a scratch buffer; the
 engine then reads ``ceil(width / block_size)`` keys per row instead of the logits.
 
 Why CuTe DSL for the select: it needs shared-memory atomics, warp votes, cluster barriers and
@@ -444,16 +444,15 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride,
         tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < n_blocks)
 
 
-def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int,
-               workspace: torch.Tensor | None = None) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys (in ``workspace`` when given);
-    only valid blocks are written."""
+def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written.
+
+    From the caching allocator: graph-capture safe (the graph's pool owns it). Not a caller-owned
+    op argument: a mutable optional argument with a default breaks torch 2.11's custom_op
+    (its ADInplaceOrView kernel indexes the arguments before filling defaults)."""
     rows, width = logits.shape
     num_blocks = -(-width // block_size)
-    if workspace is None:
-        keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
-    else:
-        keys = workspace[: rows * num_blocks].view(rows, num_blocks)
+    keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
@@ -504,10 +503,9 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
 
 
-def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor,
-                            workspace: torch.Tensor | None = None) -> None:
+def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    keys = block_keys(logits, row_ends, block_size, workspace)
+    keys = block_keys(logits, row_ends, block_size)
     _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
 
 
