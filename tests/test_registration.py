@@ -118,6 +118,8 @@ bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths mus
 bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")
 bad("indexer_topk", _set(2, 0), ValueError, "k must be in")
 bad("indexer_topk", _set(0, lambda t: torch.empty(3, (1 << 20) + 1)), ValueError, "scores may have at most")
+bad("indexer_topk", lambda a: (torch.empty(65536, 4), torch.zeros(65536, dtype=torch.int32), 16,
+                               torch.empty(65536, 16, dtype=torch.int32)), ValueError, "scores may have at most 65535 rows")
 bad("dcp_pack", _set(2, 17), ValueError, "world_size must be in")
 bad("dcp_pack", _set(3, 4), ValueError, "rank must be in")
 bad("dcp_pack", _set(4, 8), ValueError, "the one-round merge needs")

@@ -75,8 +75,8 @@ def select_candidate_blocks(
     """Candidate block selection for sparse-attention decode (SPEC 2.2).
 
     Args:
-        logits: fp32 [rows, width] block logits (unit stride in the last dim, width <= 2**20);
-            row i is valid below ``row_ends[i]``.
+        logits: fp32 [rows, width] block logits (unit stride in the last dim, rows <= 65535,
+            width <= 2**20); row i is valid below ``row_ends[i]``.
         row_ends: int32 [rows] valid lengths in columns, clamped to [0, width].
         block_size: columns per block, 1..256; row i has ``ceil(row_ends[i] / block_size)``
             valid blocks, each scored by the max of its valid columns (NaN ignored).
@@ -106,7 +106,8 @@ def indexer_topk(
     """Exact top-k token positions of each row's valid prefix (the DSA indexer's selection).
 
     Args:
-        scores: fp32 or bf16 [rows, width] (unit stride in the last dim, width <= 2**20).
+        scores: fp32 or bf16 [rows, width] (unit stride in the last dim, rows <= 65535,
+            width <= 2**20).
         lengths: int32 [rows] valid lengths, clamped to [0, width].
         k: positions to select, 1..4096.
         out: optional int32 [rows, k] to write into.

@@ -23,6 +23,7 @@ MOE_MAX_EXPERTS = 1024
 MOE_MAX_TOPK = 16
 TOPK_MAX_K = 4096
 TOPK_MAX_WIDTH = 1 << 20
+TOPK_MAX_ROWS = 65535  # the CUDA engine puts rows on a grid dimension capped there
 MAX_BLOCK_SIZE = 256
 
 _FLOAT = (torch.float32,)
@@ -68,6 +69,8 @@ def _check_topk_rows(scores, scores_name, dtypes, lengths, lengths_name, out):
     rows, width = scores.shape
     if width > TOPK_MAX_WIDTH:
         raise ValueError(f"{scores_name} may have at most {TOPK_MAX_WIDTH} columns, got {width}")
+    if rows > TOPK_MAX_ROWS:
+        raise ValueError(f"{scores_name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
     _check_lengths(lengths, lengths_name, rows)
     check_tensor(out, "out", dtypes=_INT32, ndim=2)
     if out.shape[0] != rows:
