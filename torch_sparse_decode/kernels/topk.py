@@ -39,7 +39,7 @@ import triton.language as tl
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, BFloat16, Float32, Int32, Uint32, Uint64
+from cutlass import BFloat16, Boolean, Float32, Int32, Uint32
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -279,9 +279,6 @@ class RadixTopk:
                out: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         rank, row, _ = cute.arch.block_idx()
-        lane, warp = tid % 32, tid // 32
-        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
-        per = FINE
 
         smem = cutlass.memory.SmemAllocator()
         hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)  # one per digit, read remotely
