@@ -47,6 +47,7 @@ PER = 16  # keys per thread per streamed tile
 TILE = THREADS * PER
 BINS = 2048
 FINE = BINS // THREADS  # bins per coarse bin of the digit search
+DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the three radix digits, top first
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
@@ -66,6 +67,22 @@ def ordered_key(x: Float32) -> Uint32:
 @cute.jit
 def ballot_of(predicate) -> Uint32:
     return Uint32(cute.arch.vote_ballot_sync(predicate))
+
+
+@cute.jit
+def digit_of(key: Uint32, p: cutlass.Constexpr[int]) -> Int32:
+    shift, bits = DIGITS[p]
+    return Int32((key >> Uint32(shift)) & Uint32((1 << bits) - 1))
+
+
+@cute.jit
+def in_prefix(key: Uint32, t: Uint32, p: cutlass.Constexpr[int]):
+    """Whether a live key's digits above digit p equal t's."""
+    shift, bits = DIGITS[p]
+    live = key != Uint32(0)
+    if cutlass.const_expr(p > 0):
+        live = live & ((key >> Uint32(shift + bits)) == (t >> Uint32(shift + bits)))
+    return live
 
 
 @cute.jit
@@ -158,16 +175,11 @@ class RadixTopk:
     def count_digit(self, src: cute.Tensor, row: Int32, lo: Int32, hi: Int32, tiles: Int32, hist: cute.Tensor,
                     p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, tid: Int32):
         """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's."""
-        shift, bits = ((21, 11), (10, 11), (0, 10))[p]
         for tile in range(tiles):
             self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
             for i in cutlass.range_constexpr(PER):
-                live = keys[i] != Uint32(0)
-                if cutlass.const_expr(p > 0):
-                    live = live & ((keys[i] >> Uint32(shift + bits)) == (t >> Uint32(shift + bits)))
-                if live:
-                    digit = Int32((keys[i] >> Uint32(shift)) & Uint32((1 << bits) - 1))
-                    cute.arch.atomic_add(hist.iterator + (p * BINS + digit), Int32(1))
+                if in_prefix(keys[i], t, p):
+                    cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
         cute.arch.sync_threads()
 
     @cute.jit
@@ -321,7 +333,7 @@ class RadixTopk:
             self.count_digit(src, row, lo, hi, tiles, hist, 0, t, keys, tid)
             digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums, tid)
             need = k_sel - above
-            t = Uint32(digit) << Uint32(21)
+            t = Uint32(digit) << Uint32(DIGITS[0][0])
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
             kept = mine_above + hist[digit]
             if kept <= CAP:
@@ -332,9 +344,8 @@ class RadixTopk:
                     self.load_tile(src, row, start, hi, tid, keys)
                     for i in cutlass.range_constexpr(PER):
                         ids[i] = start + i * THREADS + tid
-                        if (keys[i] != Uint32(0)) & ((keys[i] >> Uint32(21)) == (t >> Uint32(21))):
-                            cute.arch.atomic_add(hist.iterator + (BINS + Int32((keys[i] >> Uint32(10)) & Uint32(0x7FF))),
-                                                 Int32(1))
+                        if in_prefix(keys[i], t, 1):
+                            cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                     added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
                                                  out, row, written, counts, eq_base, warp_sums, tid)
                     written = written + added
@@ -345,19 +356,19 @@ class RadixTopk:
                 digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
                 need = need - above
                 above_part = above_part + own
-                t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))
+                t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))  # DIGITS[p][0]
                 if p == 1:
                     if kept <= CAP:
                         for j in range(tid, kept, THREADS):
-                            key = buf_key[j]
+                            key = buf_key[j]  # copied keys are live: only the prefix to check
                             if (key >> Uint32(10)) == (t >> Uint32(10)):
-                                cute.arch.atomic_add(hist.iterator + (2 * BINS + Int32(key & Uint32(0x3FF))), Int32(1))
+                                cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(key, 2)), Int32(1))
                     else:
                         self.count_digit(src, row, lo, hi, tiles, hist, 2, t, keys, tid)
                     cute.arch.sync_threads()
             take = need
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
-            mine_tied = hist[2 * BINS + Int32(t & Uint32(0x3FF))]
+            mine_tied = hist[2 * BINS + digit_of(t, 2)]
 
         # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
         if tid == 0:
