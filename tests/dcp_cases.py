@@ -41,3 +41,11 @@ def count_saturated(world_size, topk, scores_, lengths) -> torch.Tensor:
     """Saturated ranks per row as the one-round merge finds them (to assert the cases cover them)."""
     packed = [pack_candidates(scores_[r], lengths[r], world_size, r, topk)[0] for r in range(world_size)]
     return reference.saturated_ranks(torch.stack(packed), topk)[1].sum(dim=0)
+
+
+def shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
+    """The same B' rows with their slots permuted (the layout allows any order)."""
+    ord16, local, live = reference.decode_b_prime(rows, slots)
+    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
+    flat = [t.reshape(-1, slots)[:, perm] for t in (ord16, local, live)]
+    return reference._encode_b_prime(*flat, slots).view(rows.shape)

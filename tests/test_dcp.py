@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import oracle
-from dcp_cases import count_saturated, mixed, saturating
+from dcp_cases import count_saturated, mixed, saturating, shuffled
 from inputs import DEVICES, KINDS
 from torch_sparse_decode import dcp, reference
 
@@ -50,14 +50,6 @@ def test_packed_row_is_the_seed_b_prime_layout_bit_for_bit():
     assert row[32] == 0 and row[:32].count(0) == 29
 
 
-def _shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
-    """The same B' rows with their slots permuted (the layout allows any order)."""
-    ord16, local, live = reference.decode_b_prime(rows, slots)
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
-    flat = [t.reshape(-1, slots)[:, perm] for t in (ord16, local, live)]
-    return reference._encode_b_prime(*flat, slots).view(rows.shape)
-
-
 def _one_round(x, lengths, topk, device, shuffle=False):
     x, lengths = x.to(device), lengths.to(device)
     world_size = x.shape[0]
@@ -65,8 +57,8 @@ def _one_round(x, lengths, topk, device, shuffle=False):
     gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
     if shuffle:
         n = dcp.dcp_merge_local_topk(topk, world_size)
-        gathered = _shuffled(gathered, n, 1)
-        rescue = _shuffled(rescue, dcp.rescue_row_slots(topk), 2)
+        gathered = shuffled(gathered, n, 1)
+        rescue = shuffled(rescue, dcp.rescue_row_slots(topk), 2)
     return [[t.cpu() for t in dcp.merge_packed(gathered, rescue, topk, r)] for r in range(world_size)]
 
 

@@ -511,6 +511,11 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
 
 
+def select_keys(keys: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """The engine on caller-made int32 keys (unsigned order, 0 = none; ties to the lower index)."""
+    _select(keys, lengths, keys.shape[1], 1, k, out, pinned=False)
+
+
 def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
     keys = block_keys(logits, row_ends, block_size)

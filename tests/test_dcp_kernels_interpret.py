@@ -1,0 +1,182 @@
+"""The Triton kernels of the one-round DCP merge, bit for bit against the reference and the oracle:
+the key pre-pass, the B' row writer and the merge, on rows that saturate the most ranks, every
+adversarial kind, shuffled slots and W = 2..16 (simulated ranks; the merge reads rescue rows
+through an address table). On a CPU-only machine (CI) they run on CPU tensors under
+TRITON_INTERPRET=1; on a GPU machine the same tests run the compiled kernels on CUDA tensors.
+The local top-K comes from the reference here; test_dcp covers the pack through the CuTe engine."""
+
+import os
+
+import pytest
+import torch
+
+import oracle
+from dcp_cases import mixed, saturating, shuffled
+from inputs import KINDS, scores
+from torch_sparse_decode import dcp, reference
+from torch_sparse_decode.order import bf16_ord16
+
+if torch.cuda.is_available():
+    DEVICE = "cuda"
+    pytestmark = pytest.mark.gpu
+else:
+    DEVICE = "cpu"
+    pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
+kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+
+POISON = 0x5A5A5A5A
+
+
+def _rounding_edges() -> torch.Tensor:
+    """fp32 values on bf16 rounding boundaries (ties to even both ways, carries into the exponent)."""
+    bits = torch.tensor([0x3F808000, 0x3F818000, 0x3F80FFFF, 0x3F807FFF, 0xBF808000, 0xBF818000,
+                         0x7F7FFFFF, 0xFF7FFFFF, 0x7F7F8000, 0x00008000, 0x80008000, 0x80007FFF,
+                         0x00000001, 0x80000001, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF],
+                        dtype=torch.int64)
+    return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", KINDS + ("rounding_edges",))
+def test_ord16_keys_match_reference(kind, dtype):
+    if kind == "rounding_edges":
+        x = _rounding_edges().repeat(3, 40)
+    else:
+        x = scores(kind, (3, 700), seed=5)
+    x = x.to(dtype)
+    width = x.shape[1]
+    lengths = torch.tensor([width, width - 3, 0], dtype=torch.int32)
+    keys = kernels.ord16_keys(x.to(DEVICE), lengths.to(DEVICE)).cpu()
+    want = bf16_ord16(x) << 16
+    for row, n in enumerate(lengths.tolist()):
+        got = keys[row, :n].to(torch.int64) & 0xFFFFFFFF
+        assert torch.equal(got, want[row, :n]), row
+        assert bool((got > 0).all())  # 0 means "no key" to the engine
+
+
+def _ascending_local_topk(x: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
+    """The engine's output on the GPU: the local top-K ids ascending, -1 padded."""
+    _, local, live = reference._local_topk(x, lengths, topk)
+    none = torch.iinfo(torch.int64).max
+    ids = torch.where(live, local, none).sort(dim=1).values
+    return torch.where(ids == none, -1, ids).to(torch.int32)
+
+
+def _canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
+    """The same B' rows with live slots in ascending local id, then empty slots (our kernels' order)."""
+    ord16, local, live = reference.decode_b_prime(rows, slots)
+    order = torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices
+    flat = [t.gather(-1, order).reshape(-1, slots) for t in (ord16, local, live)]
+    return reference._encode_b_prime(*flat, slots).view(rows.shape)
+
+
+def _pack(x, lengths, world_size, rank, topk):
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    rows = x.shape[0]
+    packed = torch.full((rows, dcp.packed_row_words(n)), POISON, dtype=torch.int32, device=DEVICE)
+    rescue = torch.full((rows, dcp.packed_row_words(dcp.rescue_row_slots(topk))), POISON, dtype=torch.int32,
+                        device=DEVICE)
+    keys = kernels.ord16_keys(x.to(DEVICE), lengths.to(DEVICE))
+    kernels.pack_rows(_ascending_local_topk(x, lengths, topk).to(DEVICE), keys, packed, rescue)
+    return packed.cpu(), rescue.cpu()
+
+
+def _check_pack(x, lengths, world_size, rank, topk):
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    packed, rescue = _pack(x, lengths, world_size, rank, topk)
+    want_packed, want_rescue = dcp.pack_candidates(x, lengths, world_size, rank, topk)
+    assert torch.equal(packed, _canonical_rows(want_packed, n))
+    assert torch.equal(rescue, _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))
+    return packed, rescue
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world_size,topk", [(2, 256), (3, 100), (4, 2048), (16, 64)])
+def test_pack_rows_match_reference(kind, world_size, topk):
+    x = scores(kind, (4, 3000), seed=world_size)
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    lengths = torch.tensor([3000, n, topk + 1, 1], dtype=torch.int32)
+    _check_pack(x, lengths, world_size, 0, topk)
+
+
+def test_pack_rows_ties_at_the_nth_key_go_to_the_lower_ids():
+    x = torch.zeros(2, 500)
+    x[0, ::3] = 1.0  # 167 tokens tie above the rest: N = 96 of them, the lowest ids
+    x[1, 400:] = 2.0
+    x[1, 7] = 2.0 + 1e-6  # same bf16 as 2.0: a tie, not above
+    _check_pack(x, torch.tensor([500, 437], dtype=torch.int32), 4, 1, 256)
+
+
+def test_pack_rows_largest_local_index_and_k_4096():
+    length = 1 << 17
+    x = torch.rand(1, length)
+    x[0, -1] = 3.0
+    x[0, 65536] = 2.5  # bit 16 set, low bits 0
+    packed, rescue = _check_pack(x, torch.tensor([length], dtype=torch.int32), 2, 0, 4096)
+    assert packed.shape[1] == dcp.packed_row_words(3072)
+
+
+def _merge(gathered, rescue, topk, rank, peers=None):
+    world_size, rows, _ = gathered.shape
+    gathered, rescue = gathered.to(DEVICE), rescue.to(DEVICE)
+    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
+    table = kernels.stacked_peers(rescue) if peers is None else peers
+    kernels.merge_rows(gathered, table, rescue.stride(1), topk, rank, outs[0], outs[1], count)
+    return outs[0].cpu(), outs[1].cpu(), count.cpu()
+
+
+def _some_ranks(world_size: int) -> list[int]:
+    """Every rank merges the same rows; their local ids differ. The interpreter is slow: three."""
+    return sorted({0, world_size // 2, world_size - 1})
+
+
+def _check_merge(x, lengths, topk, shuffle=False, separate=False):
+    world_size = x.shape[0]
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    rows = [dcp.pack_candidates(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
+    gathered = torch.stack([p for p, _ in rows])
+    rescue = torch.stack([q for _, q in rows])
+    if shuffle:  # B' allows any slot order (the reference pack writes best first, ours ascending)
+        gathered = shuffled(gathered, n, 1)
+        rescue = shuffled(rescue, dcp.rescue_row_slots(topk), 2)
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
+    peers, keep = None, []
+    if separate:  # each rank's rescue rows in a buffer of its own, reached through the table
+        keep = [rescue[r].to(DEVICE, copy=True) for r in range(world_size)]
+        peers = torch.tensor([t.data_ptr() for t in keep], dtype=torch.int64, device=DEVICE)
+    for rank in _some_ranks(world_size):
+        global_ids, local_ids, count = _merge(gathered, rescue, topk, rank, peers)
+        assert torch.equal(global_ids, want_global), rank
+        assert torch.equal(local_ids, want_local[rank]), rank
+        assert torch.equal(count, want_count[rank]), rank
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8, 16])
+@pytest.mark.parametrize("topk", [64, 256, 2048])
+def test_merge_at_max_saturation(world_size, topk):
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    if n == 0:
+        pytest.skip("no one-round merge for this (topk, world_size)")
+    x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77, seed=world_size)
+    _check_merge(x, lengths, topk, separate=world_size == 4)
+
+
+KIND_CASES = [(kind, 3) for kind in KINDS] + [(kind, w) for w in (2, 8) for kind in ("random", "all_equal", "nan_mixed")]
+
+
+@pytest.mark.parametrize("kind,world_size", KIND_CASES)
+def test_merge_kinds_and_short_rows(kind, world_size):
+    x, lengths = mixed(world_size, 300, seed=world_size, kind=kind)
+    _check_merge(x, lengths, 256, shuffle=kind == "random")
+
+
+def test_merge_of_our_own_packed_rows():
+    x, lengths = mixed(4, 5000, seed=3, kind="bf16_plateau")
+    rows = [_pack(x[r], lengths[r], 4, r, 2048) for r in range(4)]
+    gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, 2048)
+    for rank in _some_ranks(4):
+        global_ids, local_ids, count = _merge(gathered, rescue, 2048, rank)
+        assert torch.equal(global_ids, want_global) and torch.equal(local_ids, want_local[rank])
+        assert torch.equal(count, want_count[rank])

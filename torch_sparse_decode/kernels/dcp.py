@@ -1,0 +1,371 @@
+"""CUDA kernels of the one-round DCP merge: ``dcp_pack`` and ``dcp_merge`` (SPEC 2.3, 2.4).
+
+- ``dcp_pack``: ``_ord16_keys`` turns each valid local score into the engine key ``ord16 << 16``
+  (bf16 rounding in integer arithmetic, so the CPU interpreter and the GPU agree bit for bit);
+  the top-k engine (``kernels/topk.py``) selects the rank's local top-K from those keys, ties to
+  the lower local id (the merge's order), ids ascending; ``_pack_rows`` writes the rescue row (all
+  K) and the packed row (the best N of them, found by a 16-bit radix select on ord16, ties taken
+  in ascending id order), both B' rows with slots in ascending local id.
+- ``dcp_merge``: one program per row. It never holds a row in registers (the candidates of 16
+  ranks with rescue rows are ~23K): every pass streams the row's B' words from memory in chunks.
+  A radix select on 37-bit merge keys ``ord16 << 21 | (2**21 - 1 - g)`` (five digits, stopping
+  once the threshold's bucket is taken whole) finds t0 over the sent rows; a pass of per-rank
+  counts finds the saturated ranks; if any, the select runs again with their rescue rows in place
+  of their sent rows. Ids come out ascending whatever the slot order of the B' rows: the selected
+  global ids set bits of a scratch bitmap, and each id's rank is the popcount below it.
+  Rescue rows are read through a table of per-rank addresses when ``peers`` is given (symmetric
+  memory), else from one stacked tensor; a test points the table at W local buffers.
+
+Why Triton: these kernels are per-row streaming passes with no cluster or shared-memory atomics
+to manage, and Triton runs them on CPU tensors under TRITON_INTERPRET=1, so CI checks them bit
+for bit against the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..dcp_config import LOCAL_INDEX_BITS, rescue_row_slots
+
+GID_BITS = tl.constexpr(21)  # global ids: local index < 2**17 times world size <= 16
+GID_MASK = tl.constexpr((1 << 21) - 1)
+CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
+NO_KEY = tl.constexpr(-1)  # below every merge key
+KEY_BLOCK = 4096  # scores per program of the key pre-pass
+
+
+@triton.jit
+def _ord16(x):
+    """The seed's ord16 of scores rounded to bf16 (nearest even), NaN as -inf, -0.0 as +0.0.
+
+    Integer arithmetic on the bits only: the same result compiled and in the CPU interpreter."""
+    if x.dtype == tl.bfloat16:
+        b = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        b = tl.where((b & 0x7FFF) > 0x7F80, 0xFF80, b)  # NaN -> -inf
+    else:
+        bits = x.to(tl.int32, bitcast=True)
+        b = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF  # round to nearest even
+        b = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0xFF80, b)  # NaN -> -inf
+    b = tl.where(b == 0x8000, 0, b)  # -0.0 -> +0.0
+    return tl.where(b >= 0x8000, 0xFFFF - b, b | 0x8000)
+
+
+@triton.jit
+def _ord16_keys(scores, stride, lengths, width, keys, keys_stride, BLOCK: tl.constexpr):
+    """keys[row, l] = ord16(scores[row, l]) << 16 over the row's valid prefix (never 0)."""
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    valid = cols < tl.minimum(tl.maximum(tl.load(lengths + row), 0), width)
+    x = tl.load(scores + row.to(tl.int64) * stride + cols, mask=valid, other=0.0)
+    tl.store(keys + row.to(tl.int64) * keys_stride + cols, _ord16(x) << 16, mask=valid)
+
+
+@triton.jit
+def _plane_words(bits, SLOTS: tl.constexpr):
+    """Bit planes of ``SLOTS`` (a multiple of 32) per-slot bits: word p holds slots 32p..32p+31."""
+    lanes = tl.reshape(bits, (SLOTS // 32, 32)) << tl.arange(0, 32)[None, :]
+    return tl.sum(lanes, axis=1)  # distinct bits: the sum is the OR
+
+
+@triton.jit
+def _digit_of_kth(hist, need, BINS: tl.constexpr):
+    """Largest bin b with at least ``need`` counts at or above it, and the counts above b."""
+    bins = tl.arange(0, BINS)
+    at_or_above = tl.sum(hist) - tl.cumsum(hist, 0) + hist
+    digit = tl.sum((at_or_above >= need).to(tl.int32)) - 1
+    above = tl.sum(tl.where(bins > digit, hist, 0))
+    return digit, above
+
+
+@triton.jit
+def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue, rescue_stride,
+               K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr):
+    """B' rows of one rank: ``rescue`` = all of its local top-K, ``packed`` = the best N of them.
+
+    ``ids`` holds the local top-K ascending (-1 padded), so slots come out in ascending local id,
+    and among equal ord16 the first ones in the row are the lower ids (the merge's tie order)."""
+    row = tl.program_id(0).to(tl.int64)
+    slot = tl.arange(0, SLOTS)
+    local = tl.load(ids + row * ids_stride + slot, mask=slot < K, other=-1)
+    live = local >= 0
+    ord16 = (tl.load(keys + row * keys_stride + local, mask=live, other=0) >> 16) & 0xFFFF
+    word = tl.where(live, (ord16 << 16) | (0xFFFF - (local & 0xFFFF)), 0)
+    high = tl.where(live, (local >> 16) & 1, 0)
+    planes = tl.arange(0, SLOTS // 32)
+    tl.store(rescue + row * rescue_stride + slot, word, mask=slot < R)
+    tl.store(rescue + row * rescue_stride + R + planes, _plane_words(high, SLOTS), mask=planes < R // 32)
+
+    # The best N: ord16's threshold digit by digit (two 8-bit passes), then the ties in row order.
+    count = tl.sum(live.to(tl.int32))
+    need = tl.minimum(count, N)
+    hi, above_hi = _digit_of_kth(tl.histogram(tl.where(live, ord16 >> 8, 0), 256), need, 256)
+    # Bin 0 of the low digit also counts the keys outside the high bin: take them back out.
+    in_hi = live & ((ord16 >> 8) == hi)
+    low_hist = tl.histogram(tl.where(in_hi, ord16 & 0xFF, 0), 256)
+    low_hist -= tl.where(tl.arange(0, 256) == 0, SLOTS - tl.sum(in_hi.to(tl.int32)), 0)
+    lo, above_lo = _digit_of_kth(low_hist, need - above_hi, 256)
+    t16 = (hi << 8) | lo
+    ties = live & (ord16 == t16)
+    take = live & ((ord16 > t16) | (ties & (tl.cumsum(ties.to(tl.int32), 0) <= need - above_hi - above_lo)))
+    pos = tl.cumsum(take.to(tl.int32), 0) - 1
+    out = packed + row * packed_stride
+    tl.store(out + pos, word, mask=take)
+    tl.store(out + slot, tl.zeros_like(slot), mask=(slot >= need) & (slot < N))
+    tl.store(out + N + planes, tl.zeros_like(planes), mask=planes < N // 32)
+    tl.debug_barrier()  # the plane words are zero before any bit lands in them
+    tl.atomic_or(out + N + pos // 32, high << (pos % 32), mask=take & (high != 0))
+
+
+# --------------------------------------------------------------------------------- merge
+
+
+@triton.jit
+def _merge_keys(row, slots, j, rank, W: tl.constexpr):
+    """Merge keys of slots ``j`` of one B' row of ``rank``: ord16 << 21 | (2**21 - 1 - g)."""
+    inside = j < slots
+    word = tl.load(row + j, mask=inside, other=0)
+    plane = tl.load(row + slots + j // 32, mask=inside, other=0)
+    bits = word.to(tl.int64) & 0xFFFFFFFF
+    local = (0xFFFF - (bits & 0xFFFF)) | (((plane >> (j % 32)) & 1).to(tl.int64) << 16)
+    key = ((bits >> 16) << GID_BITS) | ((local * W + rank) ^ GID_MASK)
+    return tl.where(word != 0, key, NO_KEY)
+
+
+@triton.jit
+def _global_id(key):
+    return ((key & GID_MASK) ^ GID_MASK).to(tl.int32)
+
+
+@triton.jit
+def _popcount(x):
+    """Set bits of each 32-bit word (SWAR on the low 32 bits of an int64)."""
+    x = x.to(tl.int64) & 0xFFFFFFFF
+    x = x - ((x >> 1) & 0x55555555)
+    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F
+    return (((x * 0x01010101) >> 24) & 0xFF).to(tl.int32)
+
+
+@triton.jit
+def _candidates(sent, sent_rank_stride, peers, row, rescue_row_stride, r, saturated,
+                N: tl.constexpr, R: tl.constexpr):
+    """Rank r's candidate row: its sent row, or its rescue row (read from its buffer) if saturated."""
+    if saturated:
+        base = tl.load(peers + r).to(tl.pointer_type(tl.int32)) + row * rescue_row_stride
+    else:
+        base = sent + r * sent_rank_stride
+    return base, tl.where(saturated, R, N)
+
+
+@triton.jit
+def _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix, need,
+                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
+                SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """One digit of the need-th largest key among keys with the found prefix: (prefix, need, whole).
+
+    ``whole``: the digit's bucket holds exactly ``need`` keys, so ``prefix << SHIFT`` separates
+    the selection; the live count rides along as the first pass's histogram total."""
+    bins = tl.arange(0, 256)
+    hist = tl.zeros((256,), dtype=tl.int32)
+    outside = tl.zeros((), dtype=tl.int32)
+    ranks = tl.arange(0, WP2)
+    for r in range(W):
+        base, slots = _candidates(sent, sent_rank_stride, peers, row, rescue_row_stride, r,
+                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
+        for start in range(0, slots, CHUNK):
+            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
+            match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
+            hist += tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
+            outside += tl.sum((~match).to(tl.int32))
+    # Keys outside the prefix were counted in bin 0.
+    hist -= tl.where(bins == 0, outside, 0)
+    digit, above = _digit_of_kth(hist, need, 256)
+    need -= above
+    whole = tl.sum(tl.where(bins == digit, hist, 0)) == need
+    return (prefix << BITS) | digit.to(tl.int64), need, whole, tl.sum(hist)
+
+
+@triton.jit
+def _select(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, K,
+            W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr):
+    """(thr, live): exactly min(K, live) candidate keys are >= thr (thr = 0: every live key)."""
+    prefix = tl.zeros((), dtype=tl.int64)
+    prefix, need, whole, live = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix, K,
+                                            W, WP2, N, R, 29, 8)
+    thr = prefix << 29
+    if live <= K:
+        thr = tl.zeros((), dtype=tl.int64)
+    elif not whole:
+        prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix,
+                                             need, W, WP2, N, R, 21, 8)
+        thr = prefix << 21
+        if not whole:
+            prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat,
+                                                 prefix, need, W, WP2, N, R, 14, 7)
+            thr = prefix << 14
+            if not whole:
+                prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat,
+                                                     prefix, need, W, WP2, N, R, 7, 7)
+                thr = prefix << 7
+                if not whole:
+                    prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride,
+                                                         sat, prefix, need, W, WP2, N, R, 0, 7)
+                    thr = prefix
+    return thr, live
+
+
+@triton.jit
+def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_row_stride,
+               scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
+               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr, KP2: tl.constexpr,
+               WORDS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    sent = gathered + row * gathered_row_stride
+    ranks = tl.arange(0, WP2)
+    nobody = ranks < 0
+    thr, live = _select(sent, gathered_rank_stride, peers, row, rescue_row_stride, nobody, K, W, WP2, N, R)
+
+    # Saturated: a full row of N, every key above t0 (the K-th key; with fewer than K live
+    # candidates there is none, and every full row counts).
+    full = nobody
+    taken = tl.zeros((WP2,), dtype=tl.int32)
+    lowest = tl.full((WP2,), 2**62, dtype=tl.int64)
+    for r in range(W):
+        row_live = tl.zeros((), dtype=tl.int32)
+        row_taken = tl.zeros((), dtype=tl.int32)
+        row_lowest = tl.full((), 2**62, dtype=tl.int64)
+        for start in range(0, N, CHUNK):
+            key = _merge_keys(sent + r * gathered_rank_stride, N, start + tl.arange(0, CHUNK), r, W)
+            chosen = (key >= 0) & (key >= thr)
+            row_live += tl.sum((key >= 0).to(tl.int32))
+            row_taken += tl.sum(chosen.to(tl.int32))
+            row_lowest = tl.minimum(row_lowest, tl.min(tl.where(chosen, key, 2**62)))
+        full = full | ((ranks == r) & (row_live == N))
+        taken = tl.where(ranks == r, row_taken, taken)
+        lowest = tl.where(ranks == r, row_lowest, lowest)
+    t0 = tl.min(lowest)
+    sat = full & ((live < K) | ((taken == N) & (lowest > t0)))
+    if tl.sum(sat.to(tl.int32)) > 0:
+        thr, live = _select(sent, gathered_rank_stride, peers, row, rescue_row_stride, sat, K, W, WP2, N, R)
+
+    # Ascending output in any slot order: a bitmap over global ids (only up to the largest
+    # selected id), its per-word prefix popcounts, then each selected id's rank among them.
+    count = tl.minimum(live, K)
+    bitmap = scratch + row * scratch_stride
+    prefix = bitmap + WORDS
+    top = tl.zeros((), dtype=tl.int32)
+    for r in range(W):
+        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
+        for start in range(0, slots, CHUNK):
+            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
+            top = tl.maximum(top, tl.max(tl.where((key >= 0) & (key >= thr), _global_id(key), 0)))
+    words = (top >> 5) + 1
+    for start in range(0, words, CHUNK):
+        w = start + tl.arange(0, CHUNK)
+        tl.store(bitmap + w, tl.zeros((CHUNK,), dtype=tl.int32), mask=w < words)
+    tl.debug_barrier()  # zeros land before any bit
+    for r in range(W):
+        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
+        for start in range(0, slots, CHUNK):
+            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
+            gid = _global_id(key)
+            tl.atomic_or(bitmap + (gid >> 5), 1 << (gid & 31), mask=(key >= 0) & (key >= thr))
+    tl.debug_barrier()  # every bit is set before the popcounts
+    below = tl.zeros((), dtype=tl.int32)
+    for start in range(0, words, CHUNK):
+        w = start + tl.arange(0, CHUNK)
+        bits = _popcount(tl.load(bitmap + w, mask=w < words, other=0))
+        tl.store(prefix + w, below + tl.cumsum(bits, 0) - bits, mask=w < words)
+        below += tl.sum(bits)
+    tl.debug_barrier()  # prefix counts are in memory before the gathers
+    out = global_ids + row * out_stride
+    for r in range(W):
+        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
+        for start in range(0, slots, CHUNK):
+            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
+            chosen = (key >= 0) & (key >= thr)
+            gid = _global_id(key)
+            word = tl.load(bitmap + (gid >> 5), mask=chosen, other=0)
+            pos = tl.load(prefix + (gid >> 5), mask=chosen, other=0)
+            pos += _popcount(word & ((1 << (gid & 31)) - 1))
+            tl.store(out + pos, gid, mask=chosen)
+    slot = tl.arange(0, KP2)
+    tl.store(out + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= count) & (slot < K))
+    tl.debug_barrier()  # the global ids are in memory before this rank's own are read back
+
+    ids = tl.load(out + slot, mask=slot < count, other=-1)
+    mine = (slot < count) & (ids % W == rank)
+    pos = tl.cumsum(mine.to(tl.int32), 0) - 1
+    n_mine = tl.sum(mine.to(tl.int32))
+    tl.store(local_ids + row * out_stride + pos, ids // W, mask=mine)
+    tl.store(local_ids + row * out_stride + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= n_mine) & (slot < K))
+    tl.store(local_count + row, n_mine)
+
+
+# ------------------------------------------------------------------------------- launching
+
+
+def ord16_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """int32 [T, L] engine keys ``ord16 << 16`` of the valid prefix (the rest unwritten)."""
+    rows, width = scores.shape
+    keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
+    if rows and width:
+        _ord16_keys[(rows, triton.cdiv(width, KEY_BLOCK))](
+            scores, scores.stride(0), lengths, width, keys, keys.stride(0), BLOCK=KEY_BLOCK, num_warps=8
+        )
+    return keys
+
+
+def pack_rows(ids: torch.Tensor, keys: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
+    """B' rows from the local top-K ``ids`` (ascending, -1 padded) and the engine ``keys``."""
+    rows, topk = ids.shape
+    n = packed.shape[1] * 32 // 33
+    slots = rescue_row_slots(topk)
+    if rows:
+        _pack_rows[(rows,)](
+            ids, ids.stride(0), keys, keys.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
+            K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), num_warps=8,
+        )
+
+
+def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: int, topk: int, rank: int,
+               global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
+    """One-round merge of ``gathered`` [W, T, words]; rank r's rescue rows start at ``peers[r]``."""
+    world_size, rows, words = gathered.shape
+    if not rows:
+        return
+    kp2 = triton.next_power_of_2(topk)
+    bitmap_words = world_size << (LOCAL_INDEX_BITS - 5)  # a bit per possible global id
+    scratch = torch.empty(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
+    _dcp_merge[(rows,)](
+        gathered, gathered.stride(0), gathered.stride(1), peers, rescue_row_stride,
+        scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
+        W=world_size, WP2=triton.next_power_of_2(world_size), N=words * 32 // 33,
+        R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, num_warps=8,
+    )
+
+
+def stacked_peers(rescue: torch.Tensor) -> torch.Tensor:
+    """The address table of a stacked [W, T, words] rescue tensor (one rank per slice)."""
+    step = rescue.stride(0) * rescue.element_size()
+    return torch.arange(rescue.shape[0], dtype=torch.int64, device=rescue.device) * step + rescue.data_ptr()
+
+
+def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
+    """The CUDA kernel of ``sparse_decode::dcp_pack`` (arguments already checked)."""
+    from .topk import select_keys
+
+    keys = ord16_keys(scores, lengths)
+    ids = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
+    select_keys(keys, lengths, topk, ids)
+    pack_rows(ids, keys, packed, rescue)
+
+
+def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
+    """The CUDA kernel of ``sparse_decode::dcp_merge`` (arguments already checked)."""
+    merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
