@@ -8,6 +8,16 @@ from inputs import DEVICES
 from torch_sparse_decode import dcp
 
 
+def single_rank_group() -> str:
+    """The name of a one-rank process group (gloo for CPU tensors, NCCL for CUDA), made once."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD.group_name
+
+
 def op_cases(device):
     """(op, args) for every registered op, small shapes, outputs included."""
     gen = torch.Generator().manual_seed(0)
@@ -31,6 +41,7 @@ def op_cases(device):
         "dcp_merge": (gathered, rescues, 64, 2, *merged()),
         "dcp_local_keys": (tokens, lengths, 4, 1, 64, torch.empty(3, 64, dtype=torch.int64, device=device)),
         "dcp_merge_generic": (keys, 3, *merged()),
+        "dcp_topk_merge": (tokens, lengths, 64, single_rank_group(), *merged()),
     }
 
 
@@ -42,7 +53,7 @@ def test_every_op_is_registered_and_passes_opcheck(device):
         torch.library.opcheck(getattr(torch.ops.sparse_decode, name).default, args)
 
 
-def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks_lengths):
+def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks_lengths, group=None):
     weights, experts = tsd.moe_route(router, bias, 8, scale=2.0)
     blocks = tsd.select_candidate_blocks(logits, ends, 64, 16)
     positions = tsd.indexer_topk(tokens, lengths, 32)
@@ -55,7 +66,9 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
         [dcp.local_topk_keys(ranks_scores[r], ranks_lengths[r], world_size, r, 64) for r in range(world_size)]
     )
     generic_ids = dcp.merge_generic(keys, 1)[0]
-    return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids
+    # The full step over a (one-rank) process group, traced as one op with the group's name.
+    step_ids = dcp.dcp_topk_merge(ranks_scores[0], ranks_lengths[0], 64, group)[0]
+    return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids, step_ids
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -73,6 +86,7 @@ def test_decode_step_compiles_without_graph_break(device):
         torch.tensor([[500, 3]] * 4, dtype=torch.int32),
     )
     args = tuple(a.to(device) for a in args)
+    single_rank_group()
     compiled = torch.compile(decode_step, fullgraph=True)
     for got, want in zip(compiled(*args), decode_step(*args)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
@@ -132,6 +146,9 @@ bad("dcp_merge", _set(6, lambda t: t[:2]), ValueError, "local_count must have sh
 bad("dcp_local_keys", _set(5, lambda t: t.int()), TypeError, "keys must have dtype int64")
 bad("dcp_merge_generic", _set(0, lambda t: t.int()), TypeError, "gathered_keys must have dtype int64")
 bad("dcp_merge_generic", _set(2, lambda t: t.float()), TypeError, "global_ids must have dtype int32")
+bad("dcp_topk_merge", _set(3, 7), RuntimeError, "argument 'group_name'")  # the dispatcher's schema check
+bad("dcp_topk_merge", _set(2, 0), ValueError, "topk must be in")
+bad("dcp_topk_merge", _set(4, lambda t: t[:2]), ValueError, "global_ids must have shape")
 
 
 @pytest.mark.parametrize("name,mutate,exc,match", BAD)

@@ -113,8 +113,8 @@ def check_same_device(reference: torch.Tensor, ref_name: str, **others: torch.Te
 
 
 def check_scalar(value: object, name: str, kind: type) -> None:
-    """``kind`` is int, float or bool; bool never passes as a number (nor a number as a bool)."""
-    accepted = {int: (int, torch.SymInt), float: (int, float, torch.SymFloat), bool: (bool,)}[kind]
+    """``kind`` is int, float, bool or str; bool never passes as a number (nor a number as a bool)."""
+    accepted = {int: (int, torch.SymInt), float: (int, float, torch.SymFloat), bool: (bool,), str: (str,)}[kind]
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
         raise TypeError(f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {type(value).__name__}")
 

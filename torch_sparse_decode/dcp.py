@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from . import ops  # noqa: F401  (registers the ops)
+from .reference import all_gather_rows as _all_gather
 from .dcp_config import (
     _MERGE_MAX_ROWS,
     LOCAL_INDEX_BITS,
@@ -52,9 +53,14 @@ __all__ = [
     "simulate_dcp_topk",
     "init_dcp_topk_merge",
     "dcp_topk_merge",
+    "dcp_topk_merge_check",
 ]
 
 log = logging.getLogger(__name__)
+
+# The one-round GPU path (Triton pack/merge kernels, symmetric-memory exchange) is CPU-tested under
+# the Triton interpreter and compiled for SM90 in CI; it turns on once its GPU tests have passed.
+ONE_ROUND_GPU = False
 
 # (group name, topk) -> N agreed by init_dcp_topk_merge (0: generic merge).
 _INIT: dict[tuple[str, int], int] = {}
@@ -160,8 +166,19 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
         return False, f"local lengths up to {max_local_len} exceed 2**{LOCAL_INDEX_BITS}"
     if _group_device(group).type != "cuda":
         return False, "not a CUDA (NCCL) group"
-    # The symmetric-memory exchange and rescue kernels are not built yet (issue: DCP one-round).
-    return False, "the one-round GPU merge is not available in this build"
+    if not ONE_ROUND_GPU:
+        return False, "the one-round GPU kernels await their first GPU validation (ONE_ROUND_GPU)"
+    try:
+        import torch.distributed._symmetric_memory  # noqa: F401
+
+        from .kernels import dcp as _kernels  # noqa: F401  (triton)
+    except ImportError as err:
+        return False, f"symmetric memory or triton unavailable ({err})"
+    device = torch.cuda.current_device()
+    for other in range(torch.cuda.device_count()):
+        if other != device and not torch.cuda.can_device_access_peer(device, other):
+            return False, f"no peer access from cuda:{device} to cuda:{other}"
+    return True, ""
 
 
 def _agree(supported: bool, group) -> bool:
@@ -171,13 +188,18 @@ def _agree(supported: bool, group) -> bool:
     return bool(flag.item())
 
 
-def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int | None = None) -> int:
+def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int | None = None,
+                        timeout_s: float = 30.0) -> int:
     """Set up the one-round merge for ``group``; return its N, or 0 to keep the generic merge.
 
     Collective: every rank calls it, in the same order, before any CUDA graph capture. The ranks
     agree with one all-reduce; if any rank cannot have the one-round merge (W = 1 or > 16, not a
     CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank returns 0: fail closed,
-    never lossy. Calling it again for the same group and topk returns the agreed value.
+    never lossy. Then the symmetric-memory workspace for ``max_rows`` rows is allocated and
+    rendezvoused (a failure there is fatal, as for any collective) and one step runs to compile
+    the kernels. A step whose wait for a peer exceeds ``timeout_s`` writes no ids and records an
+    error that ``dcp_topk_merge_check`` raises. Calling it again for the same group and topk
+    returns the agreed value.
     """
     group = group if group is not None else dist.group.WORLD
     name = group.group_name
@@ -187,26 +209,23 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
     supported, why = _local_support(group, topk, max_local_len)
     agreed = _agree(supported, group)
-    local_topk = dcp_merge_local_topk(topk, dist.get_world_size(group)) if agreed else 0
+    world_size = dist.get_world_size(group)
+    local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
     if local_topk:
+        from .kernels import dcp as kernels
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        kernels.WORKSPACES[(name, topk)] = kernels.make_workspace(
+            name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s)
         _MERGE_MAX_ROWS[(topk, local_topk)] = max_rows
+        # One step in lockstep on every rank: compiles the kernels and proves the exchange.
+        warm = torch.zeros(1, 64, device=device)
+        dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
+        dcp_topk_merge_check(group, topk)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
     _INIT[(name, topk)] = local_topk
     return local_topk
-
-
-# torch >= 2.13 renames all_gather_into_tensor (and deprecates the old name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _all_gather(tensor: torch.Tensor, group) -> torch.Tensor:
-    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective."""
-    world_size = dist.get_world_size(group)
-    # Stacked along dim 0, the layout every backend (gloo included) accepts.
-    out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
-    _all_gather_single(out, tensor.contiguous(), group=group)
-    return out.view((world_size,) + tuple(tensor.shape))
 
 
 def dcp_topk_merge(
@@ -219,25 +238,41 @@ def dcp_topk_merge(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The full step on this rank of ``group``: (global_ids, local_ids, local_count).
 
+    One op call (``torch.ops.sparse_decode.dcp_topk_merge``, the group by its name): it captures
+    in CUDA graphs and traces under ``torch.compile``. On a group that ``init_dcp_topk_merge`` set
+    up, steps of at most ``max_rows`` rows and 2**17 local tokens take the one-round merge; every
+    other step the generic merge, bit-identical.
+
     Args:
         scores: this rank's local indexer scores, fp32/bf16 [T, L].
         lengths: int32 [T] local valid lengths.
         topk: K, the global selection size.
         group: the DCP process group (default: the world).
-        local_topk: N of the one-round merge; default what ``init_dcp_topk_merge`` agreed (0 when
-            it was not called). 0 takes the generic merge. Passing N explicitly on a CPU group runs
-            the one-round algorithm with the rescue rows fetched by a second all-gather.
+        local_topk: testing aid for CPU groups: N runs the one-round algorithm there, its rescue
+            rows fetched by a second all-gather (standing in for the symmetric-memory read).
     """
     group = group if group is not None else dist.group.WORLD
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if local_topk is None:
-        local_topk = _INIT.get((group.group_name, topk), 0)
-    if local_topk and local_topk != dcp_merge_local_topk(topk, world_size):
-        raise ValueError(f"local_topk must be 0 or dcp_merge_local_topk({topk}, {world_size}), got {local_topk}")
-    # Only the GPU path has a rescue workspace to outgrow; the CPU stand-in has none.
-    has_room = _group_device(group).type == "cpu" or dcp_topk_merge_fits(scores.shape[0], topk, local_topk)
-    if local_topk and has_room:
+    if local_topk:
+        if local_topk != dcp_merge_local_topk(topk, world_size):
+            raise ValueError(f"local_topk must be 0 or dcp_merge_local_topk({topk}, {world_size}), got {local_topk}")
         packed, rescue = pack_candidates(scores, lengths, world_size, rank, topk)
         return merge_packed(_all_gather(packed, group), _all_gather(rescue, group), topk, rank)
-    keys = local_topk_keys(scores, lengths, world_size, rank, topk)
-    return merge_generic(_all_gather(keys, group), rank)
+    global_ids, local_ids, local_count = _merge_outputs(scores.shape[0], topk, scores.device)
+    torch.ops.sparse_decode.dcp_topk_merge(scores, lengths, topk, group.group_name, global_ids, local_ids,
+                                           local_count)
+    return global_ids, local_ids, local_count
+
+
+def dcp_topk_merge_check(group=None, topk: int | None = None) -> None:
+    """Raise if a one-round step of ``group`` timed out waiting for a peer (reads device memory:
+    call it between decode steps, outside graph capture)."""
+    group = group if group is not None else dist.group.WORLD
+    from .kernels import dcp as kernels
+
+    for (name, k), ws in kernels.WORKSPACES.items():
+        if name == group.group_name and (topk is None or k == topk) and ws.failed():
+            raise RuntimeError(
+                f"DCP top-k merge (group {name}, topk {k}): a peer's packed rows did not arrive within "
+                f"{ws.timeout_ns / 1e9:.0f} s; the affected rows returned no ids"
+            )

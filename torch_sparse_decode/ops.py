@@ -191,3 +191,14 @@ def check_dcp_merge_generic(gathered_keys, rank, global_ids, local_ids, local_co
 dcp_merge_generic = define_op(
     "dcp_merge_generic", ("global_ids", "local_ids", "local_count"), check_dcp_merge_generic
 )(reference.dcp_merge_generic)
+
+
+def check_dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count) -> None:
+    _check_dcp_scores(scores, lengths, 1, 0, topk, (1 << 31) // MAX_WORLD_SIZE)
+    check_scalar(group_name, "group_name", str)
+    _check_merge_outputs(scores.shape[0], topk, scores, "scores", global_ids, local_ids, local_count)
+
+
+dcp_topk_merge = define_op(
+    "dcp_topk_merge", ("global_ids", "local_ids", "local_count"), check_dcp_topk_merge
+)(reference.dcp_topk_merge)

@@ -9,6 +9,8 @@ torch ops (a stand-in until the op's kernel is registered, never the fast path).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
+from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .order import KEY_NONE, ascending_ids, bf16_ord16, canonical, composite_key, topk_by_key
 
@@ -264,3 +266,34 @@ def dcp_merge_generic(
     world_size, rows, topk = gathered_keys.shape
     candidates = gathered_keys.permute(1, 0, 2).reshape(rows, world_size * topk)
     _emit(candidates, topk, world_size, rank, global_ids, local_ids, local_count)
+
+
+# torch >= 2.13 renames all_gather_into_tensor (and deprecates the old name).
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def all_gather_rows(tensor: torch.Tensor, group) -> torch.Tensor:
+    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective."""
+    world_size = dist.get_world_size(group)
+    # Stacked along dim 0, the layout every backend (gloo included) accepts.
+    out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
+    _all_gather_single(out, tensor.contiguous(), group=group)
+    return out.view((world_size,) + tuple(tensor.shape))
+
+
+def dcp_topk_merge(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    topk: int,
+    group_name: str,
+    global_ids: torch.Tensor,
+    local_ids: torch.Tensor,
+    local_count: torch.Tensor,
+) -> None:
+    """The full DCP step on this rank, generic merge: all-gather every rank's local top-K keys over
+    the process group named ``group_name`` (any backend), then merge them."""
+    group = _resolve_process_group(group_name)
+    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)
+    dcp_local_keys(scores, lengths, world_size, rank, topk, keys)
+    dcp_merge_generic(all_gather_rows(keys, group), rank, global_ids, local_ids, local_count)

@@ -27,7 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dcp_config import LOCAL_INDEX_BITS, rescue_row_slots
+from .. import reference
+from ..dcp_config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots
 
 GID_BITS = tl.constexpr(21)  # global ids: local index < 2**17 times world size <= 16
 GID_MASK = tl.constexpr((1 << 21) - 1)
@@ -63,6 +64,12 @@ def _ord16_keys(scores, stride, lengths, width, keys, keys_stride, BLOCK: tl.con
 
 
 @triton.jit
+def _peer(peers, r):
+    """Rank r's buffer (int32) from the address table."""
+    return tl.load(peers + r).to(tl.pointer_type(tl.int32))
+
+
+@triton.jit
 def _plane_words(bits, SLOTS: tl.constexpr):
     """Bit planes of ``SLOTS`` (a multiple of 32) per-slot bits: word p holds slots 32p..32p+31."""
     lanes = tl.reshape(bits, (SLOTS // 32, 32)) << tl.arange(0, 32)[None, :]
@@ -81,12 +88,22 @@ def _digit_of_kth(hist, need, BINS: tl.constexpr):
 
 @triton.jit
 def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue, rescue_stride,
-               K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr):
+               state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
+               K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
+               W: tl.constexpr, EXCHANGE: tl.constexpr):
     """B' rows of one rank: ``rescue`` = all of its local top-K, ``packed`` = the best N of them.
 
     ``ids`` holds the local top-K ascending (-1 padded), so slots come out in ascending local id,
-    and among equal ord16 the first ones in the row are the lower ids (the merge's tie order)."""
+    and among equal ord16 the first ones in the row are the lower ids (the merge's tie order).
+    EXCHANGE: both rows go to this rank's symmetric buffer at the step's parity, then the packed
+    row is stored into every peer's buffer (same offset) and each peer's flag of (rank, row) is
+    released with the step's sequence number."""
     row = tl.program_id(0).to(tl.int64)
+    if EXCHANGE:
+        seq = tl.load(state)
+        parity = seq & 1
+        packed += parity * parity_packed
+        rescue += parity * parity_rescue
     slot = tl.arange(0, SLOTS)
     local = tl.load(ids + row * ids_stride + slot, mask=slot < K, other=-1)
     live = local >= 0
@@ -116,6 +133,20 @@ def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue
     tl.store(out + N + planes, tl.zeros_like(planes), mask=planes < N // 32)
     tl.debug_barrier()  # the plane words are zero before any bit lands in them
     tl.atomic_or(out + N + pos // 32, high << (pos % 32), mask=take & (high != 0))
+    if EXCHANGE:
+        tl.debug_barrier()  # the whole row is in memory before it is read back
+        words = tl.arange(0, SLOTS)  # a packed row (N + N/32 words) fits: N < K <= SLOTS
+        inside = words < N + N // 32
+        packed_row = tl.load(out + words, mask=inside)
+        at = push_offset + parity * parity_packed + row * packed_stride
+        for q in range(W):
+            if q != rank:
+                tl.store(_peer(peers, q) + at + words, packed_row, mask=inside)
+        tl.debug_barrier()  # every thread's stores precede the release below
+        want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
+        for q in range(W):
+            tl.atomic_xchg(_peer(peers, q) + flag_offset + parity * parity_flags + row, want, sem="release",
+                           scope="sys")
 
 
 # --------------------------------------------------------------------------------- merge
@@ -149,18 +180,17 @@ def _popcount(x):
 
 
 @triton.jit
-def _candidates(sent, sent_rank_stride, peers, row, rescue_row_stride, r, saturated,
-                N: tl.constexpr, R: tl.constexpr):
+def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.constexpr, R: tl.constexpr):
     """Rank r's candidate row: its sent row, or its rescue row (read from its buffer) if saturated."""
     if saturated:
-        base = tl.load(peers + r).to(tl.pointer_type(tl.int32)) + row * rescue_row_stride
+        base = _peer(peers, r) + rescue_at
     else:
         base = sent + r * sent_rank_stride
     return base, tl.where(saturated, R, N)
 
 
 @triton.jit
-def _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix, need,
+def _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
                 W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
                 SHIFT: tl.constexpr, BITS: tl.constexpr):
     """One digit of the need-th largest key among keys with the found prefix: (prefix, need, whole).
@@ -172,7 +202,7 @@ def _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, pref
     outside = tl.zeros((), dtype=tl.int32)
     ranks = tl.arange(0, WP2)
     for r in range(W):
-        base, slots = _candidates(sent, sent_rank_stride, peers, row, rescue_row_stride, r,
+        base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r,
                                   tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
         for start in range(0, slots, CHUNK):
             key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
@@ -188,44 +218,43 @@ def _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, pref
 
 
 @triton.jit
-def _select(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, K,
+def _select(sent, sent_rank_stride, peers, rescue_at, sat, K,
             W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr):
     """(thr, live): exactly min(K, live) candidate keys are >= thr (thr = 0: every live key)."""
     prefix = tl.zeros((), dtype=tl.int64)
-    prefix, need, whole, live = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix, K,
+    prefix, need, whole, live = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix, K,
                                             W, WP2, N, R, 29, 8)
     thr = prefix << 29
     if live <= K:
         thr = tl.zeros((), dtype=tl.int64)
     elif not whole:
-        prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat, prefix,
+        prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix,
                                              need, W, WP2, N, R, 21, 8)
         thr = prefix << 21
         if not whole:
-            prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat,
+            prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat,
                                                  prefix, need, W, WP2, N, R, 14, 7)
             thr = prefix << 14
             if not whole:
-                prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride, sat,
+                prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat,
                                                      prefix, need, W, WP2, N, R, 7, 7)
                 thr = prefix << 7
                 if not whole:
-                    prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, row, rescue_row_stride,
+                    prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at,
                                                          sat, prefix, need, W, WP2, N, R, 0, 7)
                     thr = prefix
     return thr, live
 
 
 @triton.jit
-def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_row_stride,
-               scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
+def _merge_row(sent, gathered_rank_stride, peers, rescue_at, scratch, global_ids, local_ids, local_count, K, rank,
                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr, KP2: tl.constexpr,
                WORDS: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    sent = gathered + row * gathered_row_stride
+    """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
+    ``scratch`` = 2 * WORDS words, the outputs already offset to the row."""
     ranks = tl.arange(0, WP2)
     nobody = ranks < 0
-    thr, live = _select(sent, gathered_rank_stride, peers, row, rescue_row_stride, nobody, K, W, WP2, N, R)
+    thr, live = _select(sent, gathered_rank_stride, peers, rescue_at, nobody, K, W, WP2, N, R)
 
     # Saturated: a full row of N, every key above t0 (the K-th key; with fewer than K live
     # candidates there is none, and every full row counts).
@@ -248,16 +277,16 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
     t0 = tl.min(lowest)
     sat = full & ((live < K) | ((taken == N) & (lowest > t0)))
     if tl.sum(sat.to(tl.int32)) > 0:
-        thr, live = _select(sent, gathered_rank_stride, peers, row, rescue_row_stride, sat, K, W, WP2, N, R)
+        thr, live = _select(sent, gathered_rank_stride, peers, rescue_at, sat, K, W, WP2, N, R)
 
     # Ascending output in any slot order: a bitmap over global ids (only up to the largest
     # selected id), its per-word prefix popcounts, then each selected id's rank among them.
     count = tl.minimum(live, K)
-    bitmap = scratch + row * scratch_stride
+    bitmap = scratch
     prefix = bitmap + WORDS
     top = tl.zeros((), dtype=tl.int32)
     for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
                                   tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
         for start in range(0, slots, CHUNK):
             key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
@@ -268,7 +297,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         tl.store(bitmap + w, tl.zeros((CHUNK,), dtype=tl.int32), mask=w < words)
     tl.debug_barrier()  # zeros land before any bit
     for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
                                   tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
         for start in range(0, slots, CHUNK):
             key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
@@ -282,9 +311,9 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         tl.store(prefix + w, below + tl.cumsum(bits, 0) - bits, mask=w < words)
         below += tl.sum(bits)
     tl.debug_barrier()  # prefix counts are in memory before the gathers
-    out = global_ids + row * out_stride
+    out = global_ids
     for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, row, rescue_row_stride, r,
+        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
                                   tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
         for start in range(0, slots, CHUNK):
             key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
@@ -302,9 +331,69 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
     mine = (slot < count) & (ids % W == rank)
     pos = tl.cumsum(mine.to(tl.int32), 0) - 1
     n_mine = tl.sum(mine.to(tl.int32))
-    tl.store(local_ids + row * out_stride + pos, ids // W, mask=mine)
-    tl.store(local_ids + row * out_stride + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= n_mine) & (slot < K))
-    tl.store(local_count + row, n_mine)
+    tl.store(local_ids + pos, ids // W, mask=mine)
+    tl.store(local_ids + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= n_mine) & (slot < K))
+    tl.store(local_count, n_mine)
+
+
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _arrived(flags, rank_stride, want, ranks, W: tl.constexpr):
+    """How many ranks' flags for this row hold ``want`` (acquire: their rows are visible after)."""
+    seen = tl.atomic_add(flags + ranks * rank_stride, tl.zeros_like(ranks), mask=ranks < W, sem="acquire",
+                         scope="sys")
+    return tl.sum(((ranks < W) & (seen == want)).to(tl.int32))
+
+
+@triton.jit
+def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
+               scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
+               state, flags, flag_rank_stride, parity_gathered, parity_rescue, parity_flags, timeout_ns,
+               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr, KP2: tl.constexpr,
+               WORDS: tl.constexpr, EXCHANGE: tl.constexpr):
+    """One program per row. EXCHANGE: the rows sit in this rank's symmetric buffer at the step's
+    parity; wait (bounded) for every rank's flag of this row, merge, and the last program advances
+    the step. On a timeout the row gets no ids (-1, count 0) and ``state[2]`` records the error."""
+    row = tl.program_id(0).to(tl.int64)
+    global_ids += row * out_stride
+    local_ids += row * out_stride
+    local_count += row
+    ok = True
+    if EXCHANGE:
+        seq = tl.load(state)
+        parity = seq & 1
+        gathered += parity * parity_gathered
+        rescue_at = rescue_offset + parity * parity_rescue + row * rescue_row_stride
+        want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
+        ranks = tl.arange(0, WP2)
+        row_flags = flags + parity * parity_flags + row
+        arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+        start = _now()
+        while (arrived < W) & (_now() - start < timeout_ns):
+            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+        tl.debug_barrier()  # every thread reads the rows after the flags were acquired
+        ok = arrived == W
+    else:
+        rescue_at = row * rescue_row_stride
+    if ok:
+        _merge_row(gathered + row * gathered_row_stride, gathered_rank_stride, peers, rescue_at,
+                   scratch + row * scratch_stride, global_ids, local_ids, local_count, K, rank,
+                   W, WP2, N, R, KP2, WORDS)
+    else:
+        slot = tl.arange(0, KP2)
+        tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
+        tl.store(local_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
+        tl.store(local_count, 0)
+        tl.atomic_or(state + 2, 1)
+    if EXCHANGE:
+        # The last row to finish advances the step (every program has read the sequence by then).
+        if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+            tl.store(state + 1, 0)
+            tl.store(state, tl.load(state) + 1)
 
 
 # ------------------------------------------------------------------------------- launching
@@ -329,7 +418,8 @@ def pack_rows(ids: torch.Tensor, keys: torch.Tensor, packed: torch.Tensor, rescu
     if rows:
         _pack_rows[(rows,)](
             ids, ids.stride(0), keys, keys.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
-            K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), num_warps=8,
+            ids, ids, 0, 0, 0, 0, 0, 0,
+            K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False, num_warps=8,
         )
 
 
@@ -340,13 +430,14 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     if not rows:
         return
     kp2 = triton.next_power_of_2(topk)
-    bitmap_words = world_size << (LOCAL_INDEX_BITS - 5)  # a bit per possible global id
+    bitmap_words = _bitmap_words(world_size)
     scratch = torch.empty(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
     _dcp_merge[(rows,)](
-        gathered, gathered.stride(0), gathered.stride(1), peers, rescue_row_stride,
+        gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
+        peers, peers, 0, 0, 0, 0, 0,
         W=world_size, WP2=triton.next_power_of_2(world_size), N=words * 32 // 33,
-        R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, num_warps=8,
+        R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False, num_warps=8,
     )
 
 
@@ -369,3 +460,116 @@ def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
 def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_merge`` (arguments already checked)."""
     merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
+
+
+# -------------------------------------------------------------------- symmetric-memory step
+
+# (group name, topk) -> Workspace, filled by dcp.init_dcp_topk_merge.
+WORKSPACES: dict = {}
+
+
+def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count) -> None:
+    """The CUDA kernel of ``sparse_decode::dcp_topk_merge``: the one-round step where the group has
+    a workspace and the step fits it (a shape test, the same on every rank), else the generic merge."""
+    ws = WORKSPACES.get((group_name, topk))
+    rows, width = scores.shape
+    if ws is not None and rows <= ws.max_rows and width <= 1 << LOCAL_INDEX_BITS:
+        one_round_step(ws, scores, lengths, global_ids, local_ids, local_count)
+    else:
+        reference.dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count)
+
+
+
+class Workspace:
+    """One DCP group's one-round state for one topk, built collectively by ``make_workspace``.
+
+    This rank's symmetric buffer holds (int32 words, the same layout on every rank):
+    ``exchange [2 parities][W ranks][max_rows][packed words]`` (peers push their packed rows here),
+    ``rescue [2][max_rows][rescue words]`` (this rank's local top-K, read by peers),
+    ``flags [2][W][max_rows]`` (a peer's packed row of a step has arrived). ``state`` (local int64)
+    holds the step sequence, the rows merged so far this step, and the error word. The kernels
+    advance the sequence, so CUDA graph replays walk the parities too."""
+
+    def __init__(self, group_name: str, buffer, handle, world_size: int, rank: int, topk: int, local_topk: int,
+                 max_rows: int, timeout_s: float):
+        self.group_name, self.world_size, self.rank = group_name, world_size, rank
+        self.topk, self.local_topk, self.max_rows = topk, local_topk, max_rows
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.buffer, self.handle = buffer, handle
+        pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
+        self.packed_words, self.rescue_words = pw, rw
+        self.exchange_parity = world_size * max_rows * pw
+        self.rescue_parity = max_rows * rw
+        self.flags_parity = world_size * max_rows
+        self.rescue_offset = 2 * self.exchange_parity
+        self.flags_offset = self.rescue_offset + 2 * self.rescue_parity
+        device = buffer.device
+        # The tensor may start inside its symmetric allocation: the same offset on every rank.
+        offset = buffer.data_ptr() - handle.buffer_ptrs[rank]
+        self.peers = torch.tensor([ptr + offset for ptr in handle.buffer_ptrs], dtype=torch.int64, device=device)
+        self.state = torch.zeros(4, dtype=torch.int64, device=device)
+        self.exchange = buffer[: self.rescue_offset]
+        self.own_rows = buffer[rank * max_rows * pw:]
+        self.rescue = buffer[self.rescue_offset:]
+        self.flags = buffer[self.flags_offset:]
+        self.scratch = torch.empty(max_rows, 2 * _bitmap_words(world_size), dtype=torch.int32, device=device)
+
+    @staticmethod
+    def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
+        pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
+        return 2 * max_rows * (world_size * pw + rw + world_size)
+
+    def failed(self) -> bool:
+        """Whether a wait for a peer ran out (host sync: call outside captured steps)."""
+        return bool(self.state[2].item())
+
+
+def _bitmap_words(world_size: int) -> int:
+    return world_size << (LOCAL_INDEX_BITS - 5)  # a bit per possible global id
+
+
+def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local_topk: int, max_rows: int,
+                   device: torch.device, timeout_s: float) -> Workspace:
+    """Collective: allocate and rendezvous the symmetric buffer, zero it, and sync the group."""
+    import torch.distributed as dist
+    import torch.distributed._symmetric_memory as symm_mem
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    words = Workspace.words(world_size, topk, local_topk, max_rows)
+    buffer = symm_mem.empty(words, dtype=torch.int32, device=device)
+    handle = symm_mem.rendezvous(buffer, group_name)
+    buffer.zero_()
+    torch.cuda.synchronize(device)
+    dist.barrier(group=_resolve_process_group(group_name))
+    return Workspace(group_name, buffer, handle, world_size, rank, topk, local_topk, max_rows, timeout_s)
+
+
+def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, global_ids: torch.Tensor,
+                   local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
+    """Pack, push, wait, merge: the whole one-round step on this rank (rows <= ws.max_rows)."""
+    from .topk import select_keys
+
+    rows, width = scores.shape
+    if rows == 0:
+        return
+    topk, n, w = ws.topk, ws.local_topk, ws.world_size
+    keys = ord16_keys(scores, lengths)
+    ids = torch.empty(rows, topk, dtype=torch.int32, device=scores.device)
+    if width:
+        select_keys(keys, lengths, topk, ids)
+    else:
+        ids.fill_(-1)
+    slots = rescue_row_slots(topk)
+    _pack_rows[(rows,)](
+        ids, ids.stride(0), keys, keys.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
+        ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.flags_offset + ws.rank * ws.max_rows,
+        ws.exchange_parity, ws.rescue_parity, ws.flags_parity,
+        K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=w, EXCHANGE=True, num_warps=8,
+    )
+    _dcp_merge[(rows,)](
+        ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
+        ws.scratch, ws.scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, ws.rank,
+        ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
+        W=w, WP2=triton.next_power_of_2(w), N=n, R=slots, KP2=triton.next_power_of_2(topk),
+        WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=8,
+    )
