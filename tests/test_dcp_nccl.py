@@ -1,8 +1,19 @@
-"""The process-group DCP merge on two GPUs over NCCL (one process per GPU): init fails closed
-(the one-round GPU merge is not built yet) and the generic merge gives the oracle's ids."""
+"""The process-group DCP merge on two GPUs (one process per GPU, NCCL + symmetric memory).
+
+- generic: init fails closed while ``dcp.ONE_ROUND_GPU`` is off, and the generic merge (one NCCL
+  all-gather of every rank's local top-K) gives the oracle's ids;
+- one-round: with the GPU path on, init agrees on N, and the full step (pack + symmetric-memory
+  push + merge) gives the oracle's ids on both ranks: eager at T in {1, 8, 32}, replayed from a
+  CUDA graph over many steps with changing inputs (the device-side step counter walks the
+  parities), under torch.compile(fullgraph=True), with steps too large for the workspace taking
+  the generic merge, and with the NCCL transport (``local_topk=N``: packed and rescue rows
+  all-gathered) on the same kernels; init fails closed when one rank lacks support; a peer that
+  never arrives gives a bounded wait, no ids and an error, not a hang.
+"""
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import oracle
 from dcp_cases import mixed, saturating
@@ -11,18 +22,98 @@ from torch_sparse_decode import dcp
 
 pytestmark = pytest.mark.multigpu
 
+K = 2048
 
-def _body(rank: int, world_size: int, group) -> None:
-    assert dcp.init_dcp_topk_merge(group, 2048, max_rows=32, max_local_len=1 << 16) == 0
-    cases = [saturating(world_size, 2048, 4096, seed=1), mixed(world_size, 65536, seed=2, kind="relu_zeros"),
-             mixed(world_size, 3000, seed=3, kind="all_equal")]
-    for x, lengths in cases:
-        want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, 2048)
-        got = dcp.dcp_topk_merge(x[rank].cuda(), lengths[rank].cuda(), 2048, group)
-        assert torch.equal(got[0].cpu(), want_global)
-        assert torch.equal(got[1].cpu(), want_local[rank])
-        assert torch.equal(got[2].cpu(), want_count[rank])
+
+def _expect(got, x, lengths, rank, where):
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, K)
+    assert torch.equal(got[0].cpu(), want_global), where
+    assert torch.equal(got[1].cpu(), want_local[rank]), where
+    assert torch.equal(got[2].cpu(), want_count[rank]), where
+
+
+def _cases(world_size: int, rows: int):
+    """Inputs every rank builds alike (same seeds): saturating rows, ties, NaN/inf, short rows."""
+    yield "saturating", saturating(world_size, K, 4096, seed=rows)
+    for i, kind in enumerate(("random", "relu_zeros", "all_equal", "inf_mixed", "bf16_plateau")):
+        x, lengths = mixed(world_size, 65536, seed=rows + i, kind=kind)
+        yield kind, (x.repeat(1, -(-rows // 4), 1)[:, :rows], lengths.repeat(1, -(-rows // 4))[:, :rows])
+
+
+def _generic_body(rank: int, world_size: int, group) -> None:
+    assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=1 << 16) == 0
+    for name, (x, lengths) in _cases(world_size, 4):
+        got = dcp.dcp_topk_merge(x[rank].cuda(), lengths[rank].cuda(), K, group)
+        _expect(got, x, lengths, rank, name)
 
 
 def test_nccl_generic_merge_two_gpus():
-    run_ranks(_body, 2, "nccl")
+    run_ranks(_generic_body, 2, "nccl")
+
+
+def _one_round_body(rank: int, world_size: int, group) -> None:
+    dcp.ONE_ROUND_GPU = True
+    n = dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=1 << 16, timeout_s=20.0)
+    assert n == dcp.dcp_merge_local_topk(K, world_size) == 1536
+    step = lambda x, lengths: dcp.dcp_topk_merge(x, lengths, K, group)  # noqa: E731
+
+    # Eager, every kind, T in {1, 8, 32}; the NCCL transport on the same inputs.
+    for rows in (1, 8, 32):
+        for name, (x, lengths) in _cases(world_size, rows):
+            mine = x[rank].cuda(), lengths[rank].cuda()
+            _expect(step(*mine), x, lengths, rank, f"{name} T={rows}")
+            _expect(dcp.dcp_topk_merge(*mine, K, group, local_topk=n), x, lengths, rank, f"{name} nccl T={rows}")
+    dcp.dcp_topk_merge_check(group)
+
+    # Rows beyond the workspace take the generic merge (the same decision on every rank).
+    x, lengths = mixed(world_size, 3000, seed=5, kind="random")
+    x, lengths = x.repeat(1, 9, 1), lengths.repeat(1, 9)  # 36 rows > max_rows
+    _expect(step(x[rank].cuda(), lengths[rank].cuda()), x, lengths, rank, "beyond max_rows")
+
+    # One captured step replayed over changing inputs.
+    static_x = torch.zeros(8, 65536, device="cuda")
+    static_lengths = torch.zeros(8, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(static_x, static_lengths)  # warm on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(static_x, static_lengths)
+    for i in range(24):
+        kind = ("random", "relu_zeros", "all_equal", "bf16_plateau")[i % 4]
+        x, lengths = mixed(world_size, 65536, seed=100 + i, kind=kind)
+        x, lengths = x.repeat(1, 2, 1), lengths.repeat(1, 2)
+        static_x.copy_(x[rank])
+        static_lengths.copy_(lengths[rank])
+        graph.replay()
+        _expect(captured, x, lengths, rank, f"replay {i} {kind}")
+    dcp.dcp_topk_merge_check(group)
+
+    # torch.compile(fullgraph=True): the step is one op with the group's name.
+    compiled = torch.compile(step, fullgraph=True)
+    for name, (x, lengths) in _cases(world_size, 8):
+        _expect(compiled(x[rank].cuda(), lengths[rank].cuda()), x, lengths, rank, f"compiled {name}")
+
+    # Fail closed: one rank without support turns the one-round merge off for both.
+    real = dcp._local_support
+    if rank == 1:
+        dcp._local_support = lambda *a: (False, "planted")
+    assert dcp.init_dcp_topk_merge(group, 1024, max_rows=8) == 0
+    dcp._local_support = real
+
+    # A peer that never comes: bounded wait, no ids, an error on the next check (own topk).
+    assert dcp.init_dcp_topk_merge(group, 512, max_rows=4, timeout_s=2.0) > 0
+    dist.barrier(group=group)
+    if rank == 0:
+        x = torch.rand(2, 1000, device="cuda")
+        got = dcp.dcp_topk_merge(x, torch.full((2,), 1000, dtype=torch.int32, device="cuda"), 512, group)
+        assert bool((got[0] == -1).all()) and bool((got[2] == 0).all())
+        with pytest.raises(RuntimeError, match="did not arrive"):
+            dcp.dcp_topk_merge_check(group, 512)
+    dist.barrier(group=group)
+
+
+def test_one_round_two_gpus():
+    run_ranks(_one_round_body, 2, "nccl", timeout_s=480)

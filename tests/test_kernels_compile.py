@@ -21,12 +21,14 @@ def test_moe_route_compiles(experts, topk):
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
 def test_topk_engine_compiles(source, ranks):
-    """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values)."""
-    assert topk.compiled(source, source is torch.int32, ranks) is not None
+    """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values):
+    int32 keys with the pinned block (candidate blocks) and without (the DCP pack)."""
+    for pinned in (True, False) if source is torch.int32 else (False,):
+        assert topk.compiled(source, pinned, ranks) is not None
 
 
-def test_topk_triton_kernels_compile_for_sm90():
-    """The block-key kernel builds to an SM90 cubin at every block size class."""
+def test_triton_kernels_compile_for_sm90():
+    """Every Triton kernel (block keys, DCP pack and merge) builds for SM90 at its decode shapes."""
     import os
     import subprocess
     import sys
@@ -35,7 +37,7 @@ def test_topk_triton_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    script = os.path.join(os.path.dirname(__file__), "compile_topk_sm90.py")
+    script = os.path.join(os.path.dirname(__file__), "compile_triton_sm90.py")
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "compiled" in done.stdout.splitlines()[-1]

@@ -180,3 +180,21 @@ def test_merge_of_our_own_packed_rows():
         global_ids, local_ids, count = _merge(gathered, rescue, 2048, rank)
         assert torch.equal(global_ids, want_global) and torch.equal(local_ids, want_local[rank])
         assert torch.equal(count, want_count[rank])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["random", "all_equal", "relu_zeros", "bf16_plateau", "nan_mixed"])
+def test_pack_through_the_engine(kind, dtype):
+    """The GPU pack: key pre-pass, the CuTe engine on int32 keys (no pinned block), B' rows."""
+    world_size, topk = 2, 2048
+    x = scores(kind, (5, 70000), seed=7).to(dtype)
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    lengths = torch.tensor([70000, 65536, n, topk + 1, 0], dtype=torch.int32)
+    packed = torch.full((5, dcp.packed_row_words(n)), POISON, dtype=torch.int32, device="cuda")
+    rescue = torch.full((5, dcp.packed_row_words(dcp.rescue_row_slots(topk))), POISON, dtype=torch.int32,
+                        device="cuda")
+    kernels.dcp_pack(x.cuda(), lengths.cuda(), world_size, 1, topk, packed, rescue)
+    want_packed, want_rescue = dcp.pack_candidates(x, lengths, world_size, 1, topk)
+    assert torch.equal(packed.cpu(), _canonical_rows(want_packed, n))
+    assert torch.equal(rescue.cpu(), _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))

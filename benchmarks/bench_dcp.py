@@ -1,0 +1,145 @@
+"""DCP decode top-k merge on 2 GPUs (W = 2, K = 2048, 64K local tokens), all in CUDA graphs (SPEC 3),
+then the merge kernel alone on simulated W = 4, 8, 16 (one GPU, peers through the address table).
+
+Per T in {1, 8, 32}, beside each other in one run:
+- ours: the full step (key pre-pass, engine, pack + symmetric-memory push, wait + merge), one op;
+- ours, local part: the same pack into a local buffer (no push); the difference to the full step
+  is what the exchange and the merge cost (the bar: <= 8 us);
+- stock torch: each rank's torch.topk 2048 (score, id) pairs, NCCL all-gather, torch.topk;
+- our top-k: the same full-K exchange with this library's indexer_topk for both selections;
+- NCCL all-gather of our packed rows alone; bytes exchanged per row per rank.
+
+    python benchmarks/bench_dcp.py [--quick] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from harness import Table, graph_us, parser, rotation
+
+K = 2048
+LOCAL = 65536
+
+
+def make_sets(rows: int, rank: int):
+    def make(seed: int):
+        gen = torch.Generator(device="cuda").manual_seed(1000 * seed + rank)
+        x = torch.randn(rows, LOCAL, device="cuda", generator=gen)
+        return x, torch.full((rows,), LOCAL, dtype=torch.int32, device="cuda")
+
+    return rotation(make, rows * LOCAL * 4)
+
+
+def stock_torch_step(x, world_size, rank, group):
+    values, index = torch.topk(x, K, dim=1)
+    ids = index * world_size + rank
+    all_values = torch.empty(world_size * x.shape[0], K, device=x.device)
+    all_ids = torch.empty(world_size * x.shape[0], K, dtype=ids.dtype, device=x.device)
+    dist.all_gather_into_tensor(all_values, values, group=group)
+    dist.all_gather_into_tensor(all_ids, ids, group=group)
+    rows = x.shape[0]
+    all_values = all_values.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
+    all_ids = all_ids.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
+    best = torch.topk(all_values, K, dim=1).indices
+    return all_ids.gather(1, best)
+
+
+def our_topk_step(x, lengths, world_size, rank, group, local_out, final_out):
+    select = torch.ops.sparse_decode.indexer_topk
+    select(x, lengths, K, local_out)
+    values = x.gather(1, local_out.clamp(min=0).long())
+    ids = local_out * world_size + rank
+    rows = x.shape[0]
+    all_values = torch.empty(world_size * rows, K, device=x.device)
+    all_ids = torch.empty(world_size * rows, K, dtype=ids.dtype, device=x.device)
+    dist.all_gather_into_tensor(all_values, values, group=group)
+    dist.all_gather_into_tensor(all_ids, ids, group=group)
+    all_values = all_values.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
+    all_ids = all_ids.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
+    counts = torch.full((rows,), world_size * K, dtype=torch.int32, device=x.device)
+    select(all_values, counts, K, final_out)
+    return all_ids.gather(1, final_out.long())
+
+
+def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    group = dist.group.WORLD
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    dcp.ONE_ROUND_GPU = True  # the path under measurement (see dcp.ONE_ROUND_GPU)
+    n = dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL)
+    assert n, "the one-round merge did not initialize"
+    words = dcp.packed_row_words(n)
+    table = Table(
+        f"DCP merge, W = {world_size}, K = {K}, {LOCAL >> 10}K local tokens (us per step, rank 0)",
+        ["T", "ours: full step", "ours: local part", "exchange + merge", "stock torch", "our top-k exchange",
+         "NCCL all-gather of packed rows", "bytes/row/rank", "bars (<= 8 us; >= 3x stock; < our top-k)"],
+    )
+    for rows in (1, 8) if quick else (1, 8, 32):
+        sets = make_sets(rows, rank)
+        full = lambda i: dcp.dcp_topk_merge(*sets[i % len(sets)], K, group)  # noqa: E731
+        packed = torch.empty(rows, words, dtype=torch.int32, device="cuda")
+        rescue = torch.empty(rows, dcp.packed_row_words(dcp.rescue_row_slots(K)), dtype=torch.int32, device="cuda")
+        local = lambda i: kernels.dcp_pack(*sets[i % len(sets)], world_size, rank, K, packed, rescue)  # noqa: E731
+        stock = lambda i: stock_torch_step(sets[i % len(sets)][0], world_size, rank, group)  # noqa: E731
+        local_out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+        final_out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+        ours_topk = lambda i: our_topk_step(*sets[i % len(sets)], world_size, rank, group,  # noqa: E731
+                                            local_out, final_out)
+        gathered = torch.empty(world_size * rows, words, dtype=torch.int32, device="cuda")
+        gather = lambda i: dist.all_gather_into_tensor(gathered, packed, group=group)  # noqa: E731
+        t_full, t_local, t_stock, t_ours, t_gather = (graph_us(f) for f in (full, local, stock, ours_topk, gather))
+        dcp.dcp_topk_merge_check(group)
+        exchange = t_full - t_local
+        ok = exchange <= 8.0 and t_stock / t_full >= 3.0 and t_full < t_ours
+        table.add(rows, t_full, t_local, exchange, t_stock, t_ours, t_gather, words * 4, "yes" if ok else "no")
+    if rank == 0:
+        table.emit(results)
+        simulated(results, quick)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def simulated(results: str, quick: bool) -> None:
+    """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table)."""
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call)",
+                  ["W", "T", "merge", "candidates per row"])
+    for world_size in (4, 8, 16):
+        for rows in (1, 8) if quick else (1, 8, 32):
+            local = LOCAL * 2 // world_size
+            x = torch.randn(world_size, rows, local, device="cuda")
+            lengths = torch.full((world_size, rows), local, dtype=torch.int32, device="cuda")
+            packs = [dcp.pack_candidates(x[r], lengths[r], world_size, r, K) for r in range(world_size)]
+            gathered = torch.stack([p for p, _ in packs])
+            rescue = torch.stack([q for _, q in packs])
+            peers = kernels.stacked_peers(rescue)
+            outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
+            count = torch.empty(rows, dtype=torch.int32, device="cuda")
+            call = lambda i: kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count)  # noqa: E731
+            table.add(world_size, rows, graph_us(call), world_size * dcp.dcp_merge_local_topk(K, world_size))
+    table.emit(results)
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    world_size = 2
+    if torch.cuda.device_count() < world_size:
+        raise SystemExit(f"needs {world_size} GPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_rank_main, args=(world_size, os.path.join(tmp, "store"), args.quick, args.results),
+                 nprocs=world_size, join=True)
+
+
+if __name__ == "__main__":
+    main()
