@@ -34,6 +34,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from .cute_helpers import warps_before
+
 THREADS = 256
 WARPS = THREADS // 32
 MAX_EXPERTS = 1024
@@ -134,12 +136,7 @@ class MoeRoute:
         if lane == 0:
             warp_count[warp] = count
         cute.arch.sync_threads()
-        base = Int32(0)
-        total = Int32(0)
-        for w in cutlass.range_constexpr(WARPS):
-            if w < warp:
-                base += warp_count[w]
-            total += warp_count[w]
+        base, total = warps_before(warp_count, warp, WARPS)
         for i in cutlass.range_constexpr(self.per_thread):
             candidate = keys[i] >= cutoff
             ballot = cute.arch.vote_ballot_sync(candidate)

@@ -41,6 +41,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Boolean, Float32, Int32, Uint32
 
+from .cute_helpers import warps_before
+
 THREADS = 512
 WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
@@ -117,13 +119,7 @@ def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     if lane == 31:
         warp_sums[warp] = inclusive
     cute.arch.sync_threads()
-    before = Int32(0)
-    total = Int32(0)
-    for w in cutlass.range_constexpr(WARPS):
-        part = warp_sums[w]
-        if w < warp:
-            before = before + part
-        total = total + part
+    before, total = warps_before(warp_sums, warp, WARPS)
     cute.arch.sync_threads()
     return before + inclusive - value, total
 
