@@ -79,12 +79,34 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     return build
 
 
+def _one_rank_group():
+    """A one-rank process group (gloo for CPU tensors, NCCL for CUDA) for the full-step op."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def _dcp_step(device: torch.device) -> Example:
+    """The full step as one op over a process group (here of one rank: the generic merge)."""
+    scores, lengths = _dcp_inputs(5)
+    s, n = _on(device, scores[0], lengths[0])
+    group = _one_rank_group()
+    return Example(
+        "dcp_topk_merge (1 rank)", "T=4 L=16K K=2048", lambda: dcp.dcp_topk_merge(s, n, 2048, group)[0],
+        lambda: _dcp_generic(scores[:1], lengths[:1], 2048),
+    )
+
+
 EXAMPLES = (
     _moe_route,
     _select_candidate_blocks,
     _indexer_topk,
     _dcp("dcp simulate (one-round)", 3, dcp.simulate_dcp_topk, _dcp_generic),
     _dcp("dcp generic merge", 4, _dcp_generic, dcp.simulate_dcp_topk),
+    _dcp_step,
 )
 
 
