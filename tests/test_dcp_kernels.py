@@ -198,3 +198,41 @@ def test_pack_through_the_engine(kind, dtype):
     want_packed, want_rescue = dcp.pack_candidates(x, lengths, world_size, 1, topk)
     assert torch.equal(packed.cpu(), _canonical_rows(want_packed, n))
     assert torch.equal(rescue.cpu(), _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))
+
+
+def _simulated_group(world_size: int, topk: int, max_rows: int) -> list:
+    """W ranks' workspaces in one process: each rank's buffer a plain tensor, reached by address."""
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    words = kernels.Workspace.words(world_size, topk, n, max_rows)
+    buffers = [torch.zeros(words, dtype=torch.int32, device=DEVICE) for _ in range(world_size)]
+    addresses = [b.data_ptr() for b in buffers]
+    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s=5.0)
+            for r in range(world_size)]
+
+
+@pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
+def test_exchange_step_over_simulated_ranks(world_size, topk):
+    """The symmetric-memory step (push into every rank's buffer + flags, then wait + merge + step
+    advance) with W ranks in one process: every rank pushes, then every rank merges. Four steps
+    walk both parities with new inputs (saturating rows, then every-kind rows of other lengths)."""
+    group = _simulated_group(world_size, topk, max_rows=4)
+    n = dcp.dcp_merge_local_topk(topk, world_size)
+    for step in range(4):
+        if step % 2 == 0:
+            x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77 + step, seed=step)
+        else:
+            x, lengths = mixed(world_size, 600, seed=step, kind=("random", "all_equal")[step // 2])
+        rows = x.shape[1]
+        for rank, ws in enumerate(group):
+            ids = _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE)
+            kernels.push_rows(ws, ids, kernels.ord16_keys(x[rank].to(DEVICE), lengths[rank].to(DEVICE)))
+        want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
+        for rank, ws in enumerate(group):
+            outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+            count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
+            kernels.merge_step(ws, outs[0], outs[1], count)
+            where = f"step {step} rank {rank}"
+            assert torch.equal(outs[0].cpu(), want_global), where
+            assert torch.equal(outs[1].cpu(), want_local[rank]), where
+            assert torch.equal(count.cpu(), want_count[rank]), where
+            assert ws.state[:3].tolist() == [step + 1, 0, 0], where  # advanced, reset, no error

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _resolve_process_group
 
 from .order import KEY_NONE, ascending_ids, bf16_ord16, canonical, composite_key, topk_by_key
 
@@ -292,6 +291,8 @@ def dcp_topk_merge(
 ) -> None:
     """The full DCP step on this rank, generic merge: all-gather every rank's local top-K keys over
     the process group named ``group_name`` (any backend), then merge them."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
     group = _resolve_process_group(group_name)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)

@@ -372,9 +372,10 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         ranks = tl.arange(0, WP2)
         row_flags = flags + parity * parity_flags + row
         arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-        start = _now()
-        while (arrived < W) & (_now() - start < timeout_ns):
-            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+        if arrived < W:  # (the clock is read only when waiting: the CPU interpreter has none)
+            start = _now()
+            while (arrived < W) & (_now() - start < timeout_ns):
+                arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
         tl.debug_barrier()  # every thread reads the rows after the flags were acquired
         ok = arrived == W
     else:
@@ -490,8 +491,9 @@ class Workspace:
     holds the step sequence, the rows merged so far this step, and the error word. The kernels
     advance the sequence, so CUDA graph replays walk the parities too."""
 
-    def __init__(self, group_name: str, buffer, handle, world_size: int, rank: int, topk: int, local_topk: int,
-                 max_rows: int, timeout_s: float):
+    def __init__(self, group_name: str, buffer: torch.Tensor, buffers: list[int], world_size: int, rank: int,
+                 topk: int, local_topk: int, max_rows: int, timeout_s: float, handle=None):
+        """``buffers``: every rank's address of its buffer (``buffers[rank] == buffer.data_ptr()``)."""
         self.group_name, self.world_size, self.rank = group_name, world_size, rank
         self.topk, self.local_topk, self.max_rows = topk, local_topk, max_rows
         self.timeout_ns = int(timeout_s * 1e9)
@@ -504,9 +506,7 @@ class Workspace:
         self.rescue_offset = 2 * self.exchange_parity
         self.flags_offset = self.rescue_offset + 2 * self.rescue_parity
         device = buffer.device
-        # The tensor may start inside its symmetric allocation: the same offset on every rank.
-        offset = buffer.data_ptr() - handle.buffer_ptrs[rank]
-        self.peers = torch.tensor([ptr + offset for ptr in handle.buffer_ptrs], dtype=torch.int64, device=device)
+        self.peers = torch.tensor(buffers, dtype=torch.int64, device=device)
         self.state = torch.zeros(4, dtype=torch.int64, device=device)
         self.exchange = buffer[: self.rescue_offset]
         self.own_rows = buffer[rank * max_rows * pw:]
@@ -541,7 +541,10 @@ def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local
     buffer.zero_()
     torch.cuda.synchronize(device)
     dist.barrier(group=_resolve_process_group(group_name))
-    return Workspace(group_name, buffer, handle, world_size, rank, topk, local_topk, max_rows, timeout_s)
+    # The tensor may start inside its symmetric allocation: the same offset on every rank.
+    offset = buffer.data_ptr() - handle.buffer_ptrs[rank]
+    buffers = [ptr + offset for ptr in handle.buffer_ptrs]
+    return Workspace(group_name, buffer, buffers, world_size, rank, topk, local_topk, max_rows, timeout_s, handle)
 
 
 def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, global_ids: torch.Tensor,
@@ -552,24 +555,35 @@ def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, g
     rows, width = scores.shape
     if rows == 0:
         return
-    topk, n, w = ws.topk, ws.local_topk, ws.world_size
     keys = ord16_keys(scores, lengths)
-    ids = torch.empty(rows, topk, dtype=torch.int32, device=scores.device)
+    ids = torch.empty(rows, ws.topk, dtype=torch.int32, device=scores.device)
     if width:
-        select_keys(keys, lengths, topk, ids)
+        select_keys(keys, lengths, ws.topk, ids)
     else:
         ids.fill_(-1)
-    slots = rescue_row_slots(topk)
-    _pack_rows[(rows,)](
+    push_rows(ws, ids, keys)
+    merge_step(ws, global_ids, local_ids, local_count)
+
+
+def push_rows(ws: Workspace, ids: torch.Tensor, keys: torch.Tensor) -> None:
+    """This rank's B' rows of the step from its local top-K ``ids`` into every rank's buffer."""
+    slots = rescue_row_slots(ws.topk)
+    _pack_rows[(ids.shape[0],)](
         ids, ids.stride(0), keys, keys.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.flags_offset + ws.rank * ws.max_rows,
         ws.exchange_parity, ws.rescue_parity, ws.flags_parity,
-        K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=w, EXCHANGE=True, num_warps=8,
+        K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,
+        EXCHANGE=True, num_warps=8,
     )
-    _dcp_merge[(rows,)](
+
+
+def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
+    """Wait for every rank's rows of the step, merge them, advance the step."""
+    w = ws.world_size
+    _dcp_merge[(global_ids.shape[0],)](
         ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
-        ws.scratch, ws.scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, ws.rank,
+        ws.scratch, ws.scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, ws.topk, ws.rank,
         ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
-        W=w, WP2=triton.next_power_of_2(w), N=n, R=slots, KP2=triton.next_power_of_2(topk),
-        WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=8,
+        W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, R=rescue_row_slots(ws.topk),
+        KP2=triton.next_power_of_2(ws.topk), WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=8,
     )
