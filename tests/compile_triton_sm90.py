@@ -25,14 +25,15 @@ MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i
              rescue_offset="i64", rescue_row_stride="i64", scratch="*i32", scratch_stride="i64", global_ids="*i32",
              local_ids="*i32", out_stride="i64", local_count="*i32", K="i32", rank="i32", state="*i64",
              flags="*i32", flag_rank_stride="i64", parity_gathered="i64", parity_rescue="i64", parity_flags="i64",
-             timeout_ns="i64", W="constexpr", WP2="constexpr", N="constexpr", R="constexpr", KP2="constexpr",
-             WORDS="constexpr", EXCHANGE="constexpr")
+             timeout_ns="i64", W="constexpr", WP2="constexpr", N="constexpr", NP2="constexpr", R="constexpr",
+             KP2="constexpr", WORDS="constexpr", EXCHANGE="constexpr")
 
 
 def build(fn, signature, constexprs) -> None:
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs)
     compiled = triton.compile(source, target=TARGET, options={"num_warps": 8})
     print(f"ok {fn.__name__} {constexprs} smem={compiled.metadata.shared}", flush=True)
+    return compiled
 
 
 def main() -> int:
@@ -49,7 +50,8 @@ def main() -> int:
         for exchange in (False, True):
             build(dcp._pack_rows, PACK_ROWS, dict(K=k, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32),
                                                   W=world_size, EXCHANGE=exchange))
-            build(dcp._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n, R=slots,
+            build(dcp._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
+                                              NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,
                                               EXCHANGE=exchange))
             count += 2

@@ -132,12 +132,12 @@ def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue
     tl.store(out + slot, tl.zeros_like(slot), mask=(slot >= need) & (slot < N))
     tl.store(out + N + planes, tl.zeros_like(planes), mask=planes < N // 32)
     tl.debug_barrier()  # the plane words are zero before any bit lands in them
-    tl.atomic_or(out + N + pos // 32, high << (pos % 32), mask=take & (high != 0))
+    tl.atomic_or(out + N + pos // 32, high << (pos % 32), mask=take & (high != 0), sem="relaxed")
     if EXCHANGE:
         tl.debug_barrier()  # the whole row is in memory before it is read back
         words = tl.arange(0, SLOTS)  # a packed row (N + N/32 words) fits: N < K <= SLOTS
         inside = words < N + N // 32
-        packed_row = tl.load(out + words, mask=inside)
+        packed_row = tl.load(out + words, mask=inside, cache_modifier=".cg")  # the plane atomics land in L2
         at = push_offset + parity * parity_packed + row * packed_stride
         for q in range(W):
             if q != rank:
@@ -150,12 +150,17 @@ def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue
 
 
 # --------------------------------------------------------------------------------- merge
+#
+# The sent rows of a row's W ranks (W * N <= 8192 keys) are held in registers: the select, the
+# saturation test and, when no rank saturates (the common case), the output read them there.
+# With saturated ranks the candidate set (their rescue rows in place of their sent rows, up to
+# ~23K keys) is streamed from memory in chunks instead. Each phase below works on a keys tensor
+# of any shape, so both drivers share it.
 
 
 @triton.jit
-def _merge_keys(row, slots, j, rank, W: tl.constexpr):
-    """Merge keys of slots ``j`` of one B' row of ``rank``: ord16 << 21 | (2**21 - 1 - g)."""
-    inside = j < slots
+def _merge_keys(row, slots, j, rank, inside, W: tl.constexpr):
+    """Merge keys of slots ``j`` of B' rows (``row``, ``rank`` broadcast): ord16 << 21 | (2**21 - 1 - g)."""
     word = tl.load(row + j, mask=inside, other=0)
     plane = tl.load(row + slots + j // 32, mask=inside, other=0)
     bits = word.to(tl.int64) & 0xFFFFFFFF
@@ -180,6 +185,15 @@ def _popcount(x):
 
 
 @triton.jit
+def _sent_keys(sent, sent_rank_stride, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr):
+    """Every rank's sent keys of the row, [WP2 * NP2] (rank-major), -1 outside."""
+    rank = tl.arange(0, WP2)[:, None]
+    j = tl.arange(0, NP2)[None, :]
+    keys = _merge_keys(sent + rank * sent_rank_stride, N, j, rank, (rank < W) & (j < N), W)
+    return tl.reshape(keys, (WP2 * NP2,))
+
+
+@triton.jit
 def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.constexpr, R: tl.constexpr):
     """Rank r's candidate row: its sent row, or its rescue row (read from its buffer) if saturated."""
     if saturated:
@@ -190,26 +204,35 @@ def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.co
 
 
 @triton.jit
-def _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
-                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr,
-                SHIFT: tl.constexpr, BITS: tl.constexpr):
-    """One digit of the need-th largest key among keys with the found prefix: (prefix, need, whole).
+def _digit_hist(key, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """256-bin histogram of a digit over the keys with the found prefix; keys outside land in bin 0
+    and are counted apart."""
+    match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
+    hist = tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
+    return hist, tl.sum((~match).to(tl.int32))
+
+
+@triton.jit
+def _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
+                W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
+                REGS: tl.constexpr):
+    """One digit of the need-th largest candidate key: (prefix, need, whole, live count).
 
     ``whole``: the digit's bucket holds exactly ``need`` keys, so ``prefix << SHIFT`` separates
-    the selection; the live count rides along as the first pass's histogram total."""
+    the selection. REGS: the candidates are ``flat``; else rank r's sent or rescue row, streamed."""
     bins = tl.arange(0, 256)
-    hist = tl.zeros((256,), dtype=tl.int32)
-    outside = tl.zeros((), dtype=tl.int32)
-    ranks = tl.arange(0, WP2)
-    for r in range(W):
-        base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r,
-                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
-        for start in range(0, slots, CHUNK):
-            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
-            match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
-            hist += tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
-            outside += tl.sum((~match).to(tl.int32))
-    # Keys outside the prefix were counted in bin 0.
+    if REGS:
+        hist, outside = _digit_hist(flat, prefix, SHIFT, BITS)
+    else:
+        hist = tl.zeros((256,), dtype=tl.int32)
+        outside = tl.zeros((), dtype=tl.int32)
+        for r in range(W):
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            for start in range(0, slots, CHUNK):
+                j = start + tl.arange(0, CHUNK)
+                part, out = _digit_hist(_merge_keys(base, slots, j, r, j < slots, W), prefix, SHIFT, BITS)
+                hist += part
+                outside += out
     hist -= tl.where(bins == 0, outside, 0)
     digit, above = _digit_of_kth(hist, need, 256)
     need -= above
@@ -218,116 +241,140 @@ def _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
 
 
 @triton.jit
-def _select(sent, sent_rank_stride, peers, rescue_at, sat, K,
-            W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr):
+def _flag(mask, r, W: tl.constexpr):
+    """Element r of a per-rank mask, as a scalar."""
+    ranks = tl.arange(0, mask.shape[0])
+    return tl.sum(tl.where(ranks == r, mask, 0)) != 0
+
+
+@triton.jit
+def _select(flat, sent, sent_rank_stride, peers, rescue_at, sat, K,
+            W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
     """(thr, live): exactly min(K, live) candidate keys are >= thr (thr = 0: every live key)."""
     prefix = tl.zeros((), dtype=tl.int64)
-    prefix, need, whole, live = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix, K,
-                                            W, WP2, N, R, 29, 8)
+    prefix, need, whole, live = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, K,
+                                            W, N, R, 29, 8, REGS)
     thr = prefix << 29
     if live <= K:
         thr = tl.zeros((), dtype=tl.int64)
     elif not whole:
-        prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat, prefix,
-                                             need, W, WP2, N, R, 21, 8)
+        prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
+                                             W, N, R, 21, 8, REGS)
         thr = prefix << 21
         if not whole:
-            prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat,
-                                                 prefix, need, W, WP2, N, R, 14, 7)
+            prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix,
+                                                 need, W, N, R, 14, 7, REGS)
             thr = prefix << 14
             if not whole:
-                prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at, sat,
-                                                     prefix, need, W, WP2, N, R, 7, 7)
+                prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix,
+                                                     need, W, N, R, 7, 7, REGS)
                 thr = prefix << 7
                 if not whole:
-                    prefix, need, whole, _ = _radix_pass(sent, sent_rank_stride, peers, rescue_at,
-                                                         sat, prefix, need, W, WP2, N, R, 0, 7)
+                    prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat,
+                                                         prefix, need, W, N, R, 0, 7, REGS)
                     thr = prefix
     return thr, live
 
 
 @triton.jit
-def _merge_row(sent, gathered_rank_stride, peers, rescue_at, scratch, global_ids, local_ids, local_count, K, rank,
-               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr, KP2: tl.constexpr,
-               WORDS: tl.constexpr):
-    """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
-    ``scratch`` = 2 * WORDS words, the outputs already offset to the row."""
-    ranks = tl.arange(0, WP2)
-    nobody = ranks < 0
-    thr, live = _select(sent, gathered_rank_stride, peers, rescue_at, nobody, K, W, WP2, N, R)
+def _top_id(key, thr):
+    return tl.max(tl.where((key >= 0) & (key >= thr), _global_id(key), 0))
 
-    # Saturated: a full row of N, every key above t0 (the K-th key; with fewer than K live
-    # candidates there is none, and every full row counts).
-    full = nobody
-    taken = tl.zeros((WP2,), dtype=tl.int32)
-    lowest = tl.full((WP2,), 2**62, dtype=tl.int64)
-    for r in range(W):
-        row_live = tl.zeros((), dtype=tl.int32)
-        row_taken = tl.zeros((), dtype=tl.int32)
-        row_lowest = tl.full((), 2**62, dtype=tl.int64)
-        for start in range(0, N, CHUNK):
-            key = _merge_keys(sent + r * gathered_rank_stride, N, start + tl.arange(0, CHUNK), r, W)
-            chosen = (key >= 0) & (key >= thr)
-            row_live += tl.sum((key >= 0).to(tl.int32))
-            row_taken += tl.sum(chosen.to(tl.int32))
-            row_lowest = tl.minimum(row_lowest, tl.min(tl.where(chosen, key, 2**62)))
-        full = full | ((ranks == r) & (row_live == N))
-        taken = tl.where(ranks == r, row_taken, taken)
-        lowest = tl.where(ranks == r, row_lowest, lowest)
-    t0 = tl.min(lowest)
-    sat = full & ((live < K) | ((taken == N) & (lowest > t0)))
-    if tl.sum(sat.to(tl.int32)) > 0:
-        thr, live = _select(sent, gathered_rank_stride, peers, rescue_at, sat, K, W, WP2, N, R)
 
-    # Ascending output in any slot order: a bitmap over global ids (only up to the largest
-    # selected id), its per-word prefix popcounts, then each selected id's rank among them.
-    count = tl.minimum(live, K)
-    bitmap = scratch
-    prefix = bitmap + WORDS
-    top = tl.zeros((), dtype=tl.int32)
-    for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
-                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
-        for start in range(0, slots, CHUNK):
-            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
-            top = tl.maximum(top, tl.max(tl.where((key >= 0) & (key >= thr), _global_id(key), 0)))
+@triton.jit
+def _set_bits(key, thr, bitmap):
+    gid = _global_id(key)
+    tl.atomic_or(bitmap + (gid >> 5), 1 << (gid & 31), mask=(key >= 0) & (key >= thr), sem="relaxed")
+
+
+@triton.jit
+def _store_ranked(key, thr, bitmap, prefix, out):
+    """Each selected id at its rank among the selected: its word's prefix count + bits below it."""
+    chosen = (key >= 0) & (key >= thr)
+    gid = _global_id(key)
+    word = tl.load(bitmap + (gid >> 5), mask=chosen, other=0, cache_modifier=".cg")  # atomics land in L2
+    pos = tl.load(prefix + (gid >> 5), mask=chosen, other=0) + _popcount(word & ((1 << (gid & 31)) - 1))
+    tl.store(out + pos, gid, mask=chosen)
+
+
+@triton.jit
+def _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, out,
+          W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
+    """The selected global ids, ascending, into ``out``, whatever the slot order of the rows: they
+    set bits of a bitmap over global ids (zeroed up to the largest), each word gets its prefix
+    popcount, and each id lands at the count below it."""
+    if REGS:
+        top = _top_id(flat, thr)
+    else:
+        top = tl.zeros((), dtype=tl.int32)
+        for r in range(W):
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            for start in range(0, slots, CHUNK):
+                j = start + tl.arange(0, CHUNK)
+                top = tl.maximum(top, _top_id(_merge_keys(base, slots, j, r, j < slots, W), thr))
     words = (top >> 5) + 1
     for start in range(0, words, CHUNK):
         w = start + tl.arange(0, CHUNK)
         tl.store(bitmap + w, tl.zeros((CHUNK,), dtype=tl.int32), mask=w < words)
     tl.debug_barrier()  # zeros land before any bit
-    for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
-                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
-        for start in range(0, slots, CHUNK):
-            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
-            gid = _global_id(key)
-            tl.atomic_or(bitmap + (gid >> 5), 1 << (gid & 31), mask=(key >= 0) & (key >= thr))
-    tl.debug_barrier()  # every bit is set before the popcounts
+    if REGS:
+        _set_bits(flat, thr, bitmap)
+    else:
+        for r in range(W):
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            for start in range(0, slots, CHUNK):
+                j = start + tl.arange(0, CHUNK)
+                _set_bits(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap)
+    tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the popcounts
     below = tl.zeros((), dtype=tl.int32)
     for start in range(0, words, CHUNK):
         w = start + tl.arange(0, CHUNK)
-        bits = _popcount(tl.load(bitmap + w, mask=w < words, other=0))
+        bits = _popcount(tl.load(bitmap + w, mask=w < words, other=0, cache_modifier=".cg"))
         tl.store(prefix + w, below + tl.cumsum(bits, 0) - bits, mask=w < words)
         below += tl.sum(bits)
     tl.debug_barrier()  # prefix counts are in memory before the gathers
-    out = global_ids
-    for r in range(W):
-        base, slots = _candidates(sent, gathered_rank_stride, peers, rescue_at, r,
-                                  tl.sum(tl.where(ranks == r, sat, 0)) != 0, N, R)
-        for start in range(0, slots, CHUNK):
-            key = _merge_keys(base, slots, start + tl.arange(0, CHUNK), r, W)
-            chosen = (key >= 0) & (key >= thr)
-            gid = _global_id(key)
-            word = tl.load(bitmap + (gid >> 5), mask=chosen, other=0)
-            pos = tl.load(prefix + (gid >> 5), mask=chosen, other=0)
-            pos += _popcount(word & ((1 << (gid & 31)) - 1))
-            tl.store(out + pos, gid, mask=chosen)
+    if REGS:
+        _store_ranked(flat, thr, bitmap, prefix, out)
+    else:
+        for r in range(W):
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            for start in range(0, slots, CHUNK):
+                j = start + tl.arange(0, CHUNK)
+                _store_ranked(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap, prefix, out)
+
+
+@triton.jit
+def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, local_ids, local_count, K, rank,
+               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
+               KP2: tl.constexpr, WORDS: tl.constexpr):
+    """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
+    ``scratch`` = 2 * WORDS words, the outputs already offset to the row."""
+    flat = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2)
+    ranks = tl.arange(0, WP2)
+    nobody = ranks < 0
+    thr, live = _select(flat, sent, sent_rank_stride, peers, rescue_at, nobody, K, W, N, R, True)
+
+    # Saturated: a full row of N, every key above t0 (the K-th key; with fewer than K live
+    # candidates there is none, and every full row counts).
+    keys = tl.reshape(flat, (WP2, NP2))
+    chosen = (keys >= 0) & (keys >= thr)
+    full = tl.sum((keys >= 0).to(tl.int32), axis=1) == N
+    taken = tl.sum(chosen.to(tl.int32), axis=1)
+    lowest = tl.min(tl.where(chosen, keys, 2**62), axis=1)
+    sat = full & ((live < K) | ((taken == N) & (lowest > tl.min(lowest))))
+    bitmap = scratch
+    prefix = scratch + WORDS
+    if tl.sum(sat.to(tl.int32)) > 0:
+        thr, live = _select(flat, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False)
+        _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, global_ids, W, N, R, False)
+    else:
+        _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, global_ids, W, N, R, True)
+    count = tl.minimum(live, K)
     slot = tl.arange(0, KP2)
-    tl.store(out + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= count) & (slot < K))
+    tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= count) & (slot < K))
     tl.debug_barrier()  # the global ids are in memory before this rank's own are read back
 
-    ids = tl.load(out + slot, mask=slot < count, other=-1)
+    ids = tl.load(global_ids + slot, mask=slot < count, other=-1)
     mine = (slot < count) & (ids % W == rank)
     pos = tl.cumsum(mine.to(tl.int32), 0) - 1
     n_mine = tl.sum(mine.to(tl.int32))
@@ -353,8 +400,8 @@ def _arrived(flags, rank_stride, want, ranks, W: tl.constexpr):
 def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
                scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
                state, flags, flag_rank_stride, parity_gathered, parity_rescue, parity_flags, timeout_ns,
-               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, R: tl.constexpr, KP2: tl.constexpr,
-               WORDS: tl.constexpr, EXCHANGE: tl.constexpr):
+               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
+               KP2: tl.constexpr, WORDS: tl.constexpr, EXCHANGE: tl.constexpr):
     """One program per row. EXCHANGE: the rows sit in this rank's symmetric buffer at the step's
     parity; wait (bounded) for every rank's flag of this row, merge, and the last program advances
     the step. On a timeout the row gets no ids (-1, count 0) and ``state[2]`` records the error."""
@@ -383,7 +430,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
     if ok:
         _merge_row(gathered + row * gathered_row_stride, gathered_rank_stride, peers, rescue_at,
                    scratch + row * scratch_stride, global_ids, local_ids, local_count, K, rank,
-                   W, WP2, N, R, KP2, WORDS)
+                   W, WP2, N, NP2, R, KP2, WORDS)
     else:
         slot = tl.arange(0, KP2)
         tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
@@ -438,7 +485,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
         peers, peers, 0, 0, 0, 0, 0,
         W=world_size, WP2=triton.next_power_of_2(world_size), N=words * 32 // 33,
-        R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False, num_warps=8,
+        NP2=triton.next_power_of_2(words * 32 // 33), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False, num_warps=8,
     )
 
 
@@ -584,6 +631,7 @@ def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor,
         ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
         ws.scratch, ws.scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, ws.topk, ws.rank,
         ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
-        W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, R=rescue_row_slots(ws.topk),
+        W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
+        R=rescue_row_slots(ws.topk),
         KP2=triton.next_power_of_2(ws.topk), WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=8,
     )
