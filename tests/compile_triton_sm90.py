@@ -1,6 +1,6 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
-size class, and the DCP key pre-pass, B' row writer and merge (plain and symmetric-memory exchange)
-at the decode shapes. Run as a script (the test runs it in a subprocess without TRITON_INTERPRET,
+size class, and the DCP B' row writer (fp32 and bf16 scores) and merge (plain and symmetric-memory
+exchange) at the decode shapes. Run as a script (the test runs it in a subprocess without TRITON_INTERPRET,
 which would replace the kernels by interpreted ones). Prints one line per configuration."""
 
 import sys
@@ -15,9 +15,7 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", width="i32", keys="*i32", keys_stride="i64",
                   BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr")
-ORD16_KEYS = dict(scores="*fp32", stride="i64", lengths="*i32", width="i32", keys="*i32", keys_stride="i64",
-                  BLOCK="constexpr")
-PACK_ROWS = dict(ids="*i32", ids_stride="i64", keys="*i32", keys_stride="i64", packed="*i32", packed_stride="i64",
+PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
                  flag_offset="i64", parity_packed="i64", parity_rescue="i64", parity_flags="i64",
                  K="constexpr", N="constexpr", R="constexpr", SLOTS="constexpr", W="constexpr", EXCHANGE="constexpr")
@@ -42,14 +40,13 @@ def main() -> int:
         block_p2 = triton.next_power_of_2(block)
         build(topk._block_keys, BLOCK_KEYS, dict(BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1)))
         count += 1
-    for dtype in ("*fp32", "*bf16"):
-        build(dcp._ord16_keys, dict(ORD16_KEYS, scores=dtype), dict(BLOCK=dcp.KEY_BLOCK))
-        count += 1
     for k, world_size in ((2048, 2), (2048, 16), (512, 4), (4096, 2)):
         n, slots = dcp_merge_local_topk(k, world_size), rescue_row_slots(k)
         for exchange in (False, True):
-            build(dcp._pack_rows, PACK_ROWS, dict(K=k, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32),
-                                                  W=world_size, EXCHANGE=exchange))
+            scores = "*bf16" if exchange else "*fp32"
+            build(dcp._pack_rows, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
+                                                                        SLOTS=max(triton.next_power_of_2(slots), 32),
+                                                                        EXCHANGE=exchange))
             build(dcp._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
                                               NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,

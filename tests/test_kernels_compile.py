@@ -22,9 +22,11 @@ def test_moe_route_compiles(experts, topk):
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
 def test_topk_engine_compiles(source, ranks):
     """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values):
-    int32 keys with the pinned block (candidate blocks) and without (the DCP pack)."""
-    for pinned in (True, False) if source is torch.int32 else (False,):
-        assert topk.compiled(source, pinned, ranks) is not None
+    block keys with the pinned block, scores by their full bits, and scores by their bf16 ord16
+    (the DCP pack)."""
+    assert topk.compiled(source, source is torch.int32, ranks) is not None
+    if source is not torch.int32:
+        assert topk.compiled(source, False, ranks, ord16=True) is not None
 
 
 def test_triton_kernels_compile_for_sm90():

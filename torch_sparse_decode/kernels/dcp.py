@@ -1,11 +1,11 @@
 """CUDA kernels of the one-round DCP merge: ``dcp_pack`` and ``dcp_merge`` (SPEC 2.3, 2.4).
 
-- ``dcp_pack``: ``_ord16_keys`` turns each valid local score into the engine key ``ord16 << 16``
-  (bf16 rounding in integer arithmetic, so the CPU interpreter and the GPU agree bit for bit);
-  the top-k engine (``kernels/topk.py``) selects the rank's local top-K from those keys, ties to
-  the lower local id (the merge's order), ids ascending; ``_pack_rows`` writes the rescue row (all
-  K) and the packed row (the best N of them, found by a 16-bit radix select on ord16, ties taken
-  in ascending id order), both B' rows with slots in ascending local id.
+- ``dcp_pack``: the top-k engine (``kernels/topk.py``, keyed by each score's bf16 ord16) selects
+  the rank's local top-K, ties to the lower local id (the merge's order), ids ascending;
+  ``_pack_rows`` recomputes their ord16 (bf16 rounding on the bits, so the CPU interpreter and
+  the GPU agree bit for bit) and writes the rescue row (all K) and the packed row (the best N of
+  them, a 16-bit radix select on ord16, ties taken in ascending id order), both B' rows with
+  slots in ascending local id.
 - ``dcp_merge``: one program per row. It never holds a row in registers (the candidates of 16
   ranks with rescue rows are ~23K): every pass streams the row's B' words from memory in chunks.
   A radix select on 37-bit merge keys ``ord16 << 21 | (2**21 - 1 - g)`` (five digits, stopping
@@ -34,7 +34,6 @@ GID_BITS = tl.constexpr(21)  # global ids: local index < 2**17 times world size 
 GID_MASK = tl.constexpr((1 << 21) - 1)
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 NO_KEY = tl.constexpr(-1)  # below every merge key
-KEY_BLOCK = 4096  # scores per program of the key pre-pass
 
 
 @triton.jit
@@ -51,16 +50,6 @@ def _ord16(x):
         b = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0xFF80, b)  # NaN -> -inf
     b = tl.where(b == 0x8000, 0, b)  # -0.0 -> +0.0
     return tl.where(b >= 0x8000, 0xFFFF - b, b | 0x8000)
-
-
-@triton.jit
-def _ord16_keys(scores, stride, lengths, width, keys, keys_stride, BLOCK: tl.constexpr):
-    """keys[row, l] = ord16(scores[row, l]) << 16 over the row's valid prefix (never 0)."""
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    valid = cols < tl.minimum(tl.maximum(tl.load(lengths + row), 0), width)
-    x = tl.load(scores + row.to(tl.int64) * stride + cols, mask=valid, other=0.0)
-    tl.store(keys + row.to(tl.int64) * keys_stride + cols, _ord16(x) << 16, mask=valid)
 
 
 @triton.jit
@@ -87,7 +76,7 @@ def _digit_of_kth(hist, need, BINS: tl.constexpr):
 
 
 @triton.jit
-def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue, rescue_stride,
+def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
                W: tl.constexpr, EXCHANGE: tl.constexpr):
@@ -107,7 +96,7 @@ def _pack_rows(ids, ids_stride, keys, keys_stride, packed, packed_stride, rescue
     slot = tl.arange(0, SLOTS)
     local = tl.load(ids + row * ids_stride + slot, mask=slot < K, other=-1)
     live = local >= 0
-    ord16 = (tl.load(keys + row * keys_stride + local, mask=live, other=0) >> 16) & 0xFFFF
+    ord16 = _ord16(tl.load(scores + row * scores_stride + local, mask=live, other=0.0))
     word = tl.where(live, (ord16 << 16) | (0xFFFF - (local & 0xFFFF)), 0)
     high = tl.where(live, (local >> 16) & 1, 0)
     planes = tl.arange(0, SLOTS // 32)
@@ -447,25 +436,14 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
 # ------------------------------------------------------------------------------- launching
 
 
-def ord16_keys(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """int32 [T, L] engine keys ``ord16 << 16`` of the valid prefix (the rest unwritten)."""
-    rows, width = scores.shape
-    keys = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
-    if rows and width:
-        _ord16_keys[(rows, triton.cdiv(width, KEY_BLOCK))](
-            scores, scores.stride(0), lengths, width, keys, keys.stride(0), BLOCK=KEY_BLOCK, num_warps=8
-        )
-    return keys
-
-
-def pack_rows(ids: torch.Tensor, keys: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
-    """B' rows from the local top-K ``ids`` (ascending, -1 padded) and the engine ``keys``."""
+def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
+    """B' rows from the local top-K ``ids`` (ascending, -1 padded) of ``scores``."""
     rows, topk = ids.shape
     n = packed.shape[1] * 32 // 33
     slots = rescue_row_slots(topk)
     if rows:
         _pack_rows[(rows,)](
-            ids, ids.stride(0), keys, keys.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
+            ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
             ids, ids, 0, 0, 0, 0, 0, 0,
             K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False, num_warps=8,
         )
@@ -497,12 +475,7 @@ def stacked_peers(rescue: torch.Tensor) -> torch.Tensor:
 
 def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_pack`` (arguments already checked)."""
-    from .topk import select_keys
-
-    keys = ord16_keys(scores, lengths)
-    ids = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
-    select_keys(keys, lengths, topk, ids)
-    pack_rows(ids, keys, packed, rescue)
+    pack_rows(local_topk_ids(scores, lengths, topk), scores, packed, rescue)
 
 
 def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
@@ -597,26 +570,29 @@ def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local
 def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, global_ids: torch.Tensor,
                    local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
     """Pack, push, wait, merge: the whole one-round step on this rank (rows <= ws.max_rows)."""
-    from .topk import select_keys
-
-    rows, width = scores.shape
-    if rows == 0:
+    if scores.shape[0] == 0:
         return
-    keys = ord16_keys(scores, lengths)
-    ids = torch.empty(rows, ws.topk, dtype=torch.int32, device=scores.device)
-    if width:
-        select_keys(keys, lengths, ws.topk, ids)
-    else:
-        ids.fill_(-1)
-    push_rows(ws, ids, keys)
+    push_rows(ws, local_topk_ids(scores, lengths, ws.topk), scores)
     merge_step(ws, global_ids, local_ids, local_count)
 
 
-def push_rows(ws: Workspace, ids: torch.Tensor, keys: torch.Tensor) -> None:
+def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
+    """The rank's local top-K by bf16 ord16 (the CuTe engine), ids ascending, -1 padded."""
+    from .topk import select_ord16
+
+    ids = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
+    if scores.shape[1]:
+        select_ord16(scores, lengths, topk, ids)
+    else:
+        ids.fill_(-1)
+    return ids
+
+
+def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
     """This rank's B' rows of the step from its local top-K ``ids`` into every rank's buffer."""
     slots = rescue_row_slots(ws.topk)
     _pack_rows[(ids.shape[0],)](
-        ids, ids.stride(0), keys, keys.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
+        ids, ids.stride(0), scores, scores.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.flags_offset + ws.rank * ws.max_rows,
         ws.exchange_parity, ws.rescue_parity, ws.flags_parity,
         K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,

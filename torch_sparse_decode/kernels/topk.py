@@ -67,6 +67,18 @@ def ordered_key(x: Float32) -> Uint32:
 
 
 @cute.jit
+def ord16_key(x: Float32) -> Uint32:
+    """The DCP merge's key of a score: ord16 of it rounded to bf16 (nearest even, on the bits),
+    NaN as -inf, -0.0 as +0.0, shifted up 16 (never 0). Equal bf16 values tie (lower id first)."""
+    bits = x.bitcast(Uint32)
+    b = (bits + Uint32(0x7FFF) + ((bits >> Uint32(16)) & Uint32(1))) >> Uint32(16)
+    b = cutlass.select_(x != x, Uint32(0xFF80), b)  # NaN ranks as -inf
+    b = cutlass.select_(b == Uint32(0x8000), Uint32(0), b)  # -0.0 ties +0.0
+    ord16 = cutlass.select_(b >= Uint32(0x8000), Uint32(0xFFFF) - b, b | Uint32(0x8000))
+    return Uint32(ord16 << Uint32(16))
+
+
+@cute.jit
 def ballot_of(predicate) -> Uint32:
     return Uint32(cute.arch.vote_ballot_sync(predicate))
 
@@ -139,10 +151,11 @@ def scan_counts(counts: cute.Tensor, used: cutlass.Constexpr[int], warp_sums: cu
 
 
 class RadixTopk:
-    """The engine for one static configuration: source dtype, pinned id or not, cluster size."""
+    """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
+    whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
 
-    def __init__(self, source, pinned: bool, ranks: int):
-        self.source, self.pinned, self.ranks = source, pinned, ranks
+    def __init__(self, source, pinned: bool, ranks: int, ord16: bool = False):
+        self.source, self.pinned, self.ranks, self.ord16 = source, pinned, ranks, ord16
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -161,6 +174,8 @@ class RadixTopk:
             at = min(e, hi - 1)
             if cutlass.const_expr(self.source is Int32):
                 key = src[row, at].bitcast(Uint32)  # block keys, already ordered
+            elif cutlass.const_expr(self.ord16):
+                key = ord16_key(src[row, at].to(Float32))
             elif cutlass.const_expr(self.source is BFloat16):
                 key = ordered_key(src[row, at].to(Float32))
             else:
@@ -479,8 +494,8 @@ def cluster_size(rows: int, keys_per_row: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(source: torch.dtype, pinned: bool, ranks: int):
-    """Compile once per (source dtype, pinned, cluster size), from fake tensors (no GPU needed)."""
+def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False):
+    """Compile once per (source dtype, pinned, cluster size, ord16 keys), from fake tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     dtype = SOURCES[source]
     fake = cute.runtime.make_fake_tensor
@@ -488,18 +503,18 @@ def compiled(source: torch.dtype, pinned: bool, ranks: int):
     lengths = fake(Int32, (rows,), stride=(1,), assumed_align=4)
     out = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    engine = RadixTopk(dtype, pinned, ranks)
+    engine = RadixTopk(dtype, pinned, ranks, ord16)
     return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, stream,
                         options="--enable-tvm-ffi")
 
 
 def _select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
-            pinned: bool) -> None:
+            pinned: bool, ord16: bool = False) -> None:
     rows = out.shape[0]
     if rows == 0:
         return
     ranks = cluster_size(rows, src.shape[1])
-    compiled(src.dtype, pinned, ranks)(src, lengths, cols, block, k_sel, out)
+    compiled(src.dtype, pinned, ranks, ord16)(src, lengths, cols, block, k_sel, out)
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
@@ -507,9 +522,10 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
 
 
-def select_keys(keys: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
-    """The engine on caller-made int32 keys (unsigned order, 0 = none; ties to the lower index)."""
-    _select(keys, lengths, keys.shape[1], 1, k, out, pinned=False)
+def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """The DCP pack's local top-k: scores ranked by their bf16 ord16 (ties to the lower index),
+    ids ascending, -1 padded."""
+    _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, ord16=True)
 
 
 def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
@@ -522,8 +538,9 @@ def warm(device: torch.device) -> None:
     """Compile every engine configuration and the decode shapes' block-key kernels."""
     for ranks in (1, 2, 4, 8):
         for source in SOURCES:
-            compiled(source, False, ranks)
-        compiled(torch.int32, True, ranks)
+            compiled(source, source is torch.int32, ranks)
+        for source in (torch.float32, torch.bfloat16):
+            compiled(source, False, ranks, ord16=True)
     x = torch.zeros(1, 1 << 15, device=device)
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
     for block in (8, 64):
