@@ -218,9 +218,11 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         kernels.WORKSPACES[(name, topk)] = kernels.make_workspace(
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s)
         _MERGE_MAX_ROWS[(topk, local_topk)] = max_rows
-        # One step in lockstep on every rank: compiles the kernels and proves the exchange.
-        warm = torch.zeros(1, 64, device=device)
-        dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
+        # Steps in lockstep on every rank: compile the kernels (both score dtypes: no compile may
+        # happen inside a graph capture) and prove the exchange.
+        for dtype in (torch.float32, torch.bfloat16):
+            warm = torch.zeros(1, 64, dtype=dtype, device=device)
+            dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
         dcp_topk_merge_check(group, topk)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")

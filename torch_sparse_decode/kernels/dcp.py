@@ -556,6 +556,8 @@ def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local
     from torch.distributed.distributed_c10d import _resolve_process_group
 
     words = Workspace.words(world_size, topk, local_topk, max_rows)
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):  # needed before rendezvous on older torch
+        symm_mem.enable_symm_mem_for_group(group_name)
     buffer = symm_mem.empty(words, dtype=torch.int32, device=device)
     handle = symm_mem.rendezvous(buffer, group_name)
     buffer.zero_()
