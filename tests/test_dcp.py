@@ -126,3 +126,14 @@ def test_generic_takes_local_lengths_beyond_the_packed_limit():
     assert ((1 << 17) + 99) * 2 + 1 in global_ids[0].tolist()
     with pytest.raises(ValueError, match="scores may have at most 131072"):
         dcp.pack_candidates(x[0], lengths[0], 2, 0, 64)
+
+
+def test_init_rejects_bad_arguments_before_any_collective():
+    from multiproc import single_rank_group  # noqa: F401  (a one-rank group to call init on)
+
+    single_rank_group()
+    with pytest.raises(ValueError, match="max_rows must be a positive int"):
+        dcp.init_dcp_topk_merge(None, 2000, 0)
+    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
+        dcp.init_dcp_topk_merge(None, 2000, 8, timeout_s=0)
+    assert dcp.init_dcp_topk_merge(None, 2000, 8) == 0  # one rank: the generic merge

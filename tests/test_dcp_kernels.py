@@ -185,13 +185,13 @@ def test_pack_through_the_engine(kind, dtype):
     assert torch.equal(rescue.cpu(), _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))
 
 
-def _simulated_group(world_size: int, topk: int, max_rows: int) -> list:
+def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float = 5.0) -> list:
     """W ranks' workspaces in one process: each rank's buffer a plain tensor, reached by address."""
     n = dcp.dcp_merge_local_topk(topk, world_size)
     words = kernels.Workspace.words(world_size, topk, n, max_rows)
     buffers = [torch.zeros(words, dtype=torch.int32, device=DEVICE) for _ in range(world_size)]
     addresses = [b.data_ptr() for b in buffers]
-    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s=5.0)
+    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s)
             for r in range(world_size)]
 
 
@@ -221,3 +221,16 @@ def test_exchange_step_over_simulated_ranks(world_size, topk):
             assert torch.equal(outs[1].cpu(), want_local[rank]), where
             assert torch.equal(count.cpu(), want_count[rank]), where
             assert ws.state[:3].tolist() == [step + 1, 0, 0], where  # advanced, reset, no error
+
+
+def test_a_missing_peer_gives_no_ids_and_an_error():
+    """Rank 1 never pushes: rank 0's rows come back empty (-1, count 0) with the error word set,
+    and the step still advances. (Timeout 0 here: no wait, so the CPU interpreter needs no clock.)"""
+    group = _simulated_group(2, 256, max_rows=4, timeout_s=0.0)
+    x, lengths = mixed(2, 600, seed=9, kind="random")
+    kernels.push_rows(group[0], _ascending_local_topk(x[0], lengths[0], 256).to(DEVICE), x[0].to(DEVICE))
+    outs = [torch.full((4, 256), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    count = torch.full((4,), -7, dtype=torch.int32, device=DEVICE)
+    kernels.merge_step(group[0], outs[0], outs[1], count)
+    assert bool((outs[0] == -1).all()) and bool((outs[1] == -1).all()) and bool((count == 0).all())
+    assert group[0].failed() and group[0].state[:2].tolist() == [1, 0]

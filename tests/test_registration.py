@@ -5,17 +5,8 @@ import torch
 
 import torch_sparse_decode as tsd
 from inputs import DEVICES
+from multiproc import single_rank_group
 from torch_sparse_decode import dcp
-
-
-def single_rank_group() -> str:
-    """The name of a one-rank process group (gloo for CPU tensors, NCCL for CUDA), made once."""
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return dist.group.WORLD.group_name
 
 
 def op_cases(device):

@@ -408,7 +408,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         ranks = tl.arange(0, WP2)
         row_flags = flags + parity * parity_flags + row
         arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-        if arrived < W:  # (the clock is read only when waiting: the CPU interpreter has none)
+        if (arrived < W) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
             start = _now()
             while (arrived < W) & (_now() - start < timeout_ns):
                 arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
