@@ -1,24 +1,25 @@
-"""CUDA kernels of the one-round DCP merge: ``dcp_pack`` and ``dcp_merge`` (SPEC 2.3, 2.4).
+"""CUDA kernels of the DCP decode top-k merge (SPEC 2.3, 2.4): ``dcp_topk_merge`` (the full step),
+and the one-round pack, merge and symmetric-memory step behind it.
 
-- ``dcp_pack``: the top-k engine (``kernels/topk.py``, keyed by each score's bf16 ord16) selects
-  the rank's local top-K, ties to the lower local id (the merge's order), ids ascending;
+- Pack: the top-k engine (``kernels/topk.py``, keyed by each score's bf16 ord16) selects the
+  rank's local top-K, ties to the lower local id (the merge's order), ids ascending;
   ``_pack_rows`` recomputes their ord16 (bf16 rounding on the bits, so the CPU interpreter and
   the GPU agree bit for bit) and writes the rescue row (all K) and the packed row (the best N of
   them, a 16-bit radix select on ord16, ties taken in ascending id order), both B' rows with
-  slots in ascending local id.
-- ``dcp_merge``: one program per row. It never holds a row in registers (the candidates of 16
-  ranks with rescue rows are ~23K): every pass streams the row's B' words from memory in chunks.
-  A radix select on 37-bit merge keys ``ord16 << 21 | (2**21 - 1 - g)`` (five digits, stopping
-  once the threshold's bucket is taken whole) finds t0 over the sent rows; a pass of per-rank
-  counts finds the saturated ranks; if any, the select runs again with their rescue rows in place
-  of their sent rows. Ids come out ascending whatever the slot order of the B' rows: the selected
-  global ids set bits of a scratch bitmap, and each id's rank is the popcount below it.
-  Rescue rows are read through a table of per-rank addresses when ``peers`` is given (symmetric
-  memory), else from one stacked tensor; a test points the table at W local buffers.
+  slots in ascending local id. In a step it also pushes the packed row into every peer's buffer
+  and releases a flag per (rank, row) there.
+- Merge: one program per row, after a bounded wait for every rank's flag of the row. The sent
+  rows sit in registers; a radix select on 37-bit merge keys ``ord16 << 21 | (2**21 - 1 - g)``
+  (five digits, stopping once the threshold's bucket is taken whole) finds t0; per-rank counts
+  find the saturated ranks; if any, the select runs again over a streamed candidate set with
+  their rescue rows (read from their buffers through an address table) in place of their sent
+  rows. Ids come out ascending whatever the slot order of the B' rows: the selected global ids
+  set bits of a scratch bitmap, and each id's slot is the popcount below it. A test points the
+  address table at W local buffers to simulate W ranks.
 
-Why Triton: these kernels are per-row streaming passes with no cluster or shared-memory atomics
-to manage, and Triton runs them on CPU tensors under TRITON_INTERPRET=1, so CI checks them bit
-for bit against the reference.
+Why Triton for pack and merge: per-row passes with no cluster or distributed shared memory to
+manage, and Triton runs them on CPU tensors under TRITON_INTERPRET=1, so CI checks them (and the
+whole exchange step over simulated ranks) bit for bit against the reference.
 """
 
 from __future__ import annotations
