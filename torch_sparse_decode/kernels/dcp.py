@@ -476,7 +476,9 @@ def stacked_peers(rescue: torch.Tensor) -> torch.Tensor:
 
 def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_pack`` (arguments already checked)."""
-    pack_rows(local_topk_ids(scores, lengths, topk), scores, packed, rescue)
+    ids = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
+    local_topk_ids(scores, lengths, ids)
+    pack_rows(ids, scores, packed, rescue)
 
 
 def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
@@ -533,6 +535,9 @@ class Workspace:
         self.own_rows = buffer[rank * max_rows * pw:]
         self.rescue = buffer[self.rescue_offset:]
         self.flags = buffer[self.flags_offset:]
+        # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
+        # the merge's bitmap and prefix counts.
+        self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
         self.scratch = torch.empty(max_rows, 2 * _bitmap_words(world_size), dtype=torch.int32, device=device)
 
     @staticmethod
@@ -573,22 +578,23 @@ def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local
 def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, global_ids: torch.Tensor,
                    local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
     """Pack, push, wait, merge: the whole one-round step on this rank (rows <= ws.max_rows)."""
-    if scores.shape[0] == 0:
+    rows = scores.shape[0]
+    if rows == 0:
         return
-    push_rows(ws, local_topk_ids(scores, lengths, ws.topk), scores)
+    ids = ws.ids[:rows]
+    local_topk_ids(scores, lengths, ids)
+    push_rows(ws, ids, scores)
     merge_step(ws, global_ids, local_ids, local_count)
 
 
-def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
-    """The rank's local top-K by bf16 ord16 (the CuTe engine), ids ascending, -1 padded."""
+def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, ids: torch.Tensor) -> None:
+    """The rank's local top-K (``ids.shape[1]``) by bf16 ord16 (the CuTe engine), ids ascending, -1 padded."""
     from .topk import select_ord16
 
-    ids = torch.empty(scores.shape[0], topk, dtype=torch.int32, device=scores.device)
     if scores.shape[1]:
-        select_ord16(scores, lengths, topk, ids)
+        select_ord16(scores, lengths, ids.shape[1], ids)
     else:
         ids.fill_(-1)
-    return ids
 
 
 def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
