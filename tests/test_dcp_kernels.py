@@ -77,9 +77,10 @@ def _check_pack(x, lengths, world_size, rank, topk):
 def test_pack_rows_match_reference(kind, world_size, topk, dtype):
     """Every kind of row, fp32 and bf16 (ord16 recomputed from the scores, bf16 rounding on the bits)."""
     x = (_rounding_edges().repeat(4, 167) if kind == "rounding_edges" else scores(kind, (4, 3000), seed=world_size))
-    x = x[:, :3000].to(dtype)
     n = dcp.dcp_merge_local_topk(topk, world_size)
-    lengths = torch.tensor([3000, n, topk + 1, 1], dtype=torch.int32)
+    ends = [3000, 0, 1, n - 1, n, n + 1, topk - 1, topk, topk + 1]
+    x = x[:, :3000].repeat(3, 1)[: len(ends)].to(dtype)
+    lengths = torch.tensor(ends, dtype=torch.int32)
     _check_pack(x, lengths, world_size, 0, topk)
 
 
@@ -136,14 +137,22 @@ def _check_merge(x, lengths, topk, shuffle=False, separate=False):
         assert torch.equal(count, want_count[rank]), rank
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 8, 16])
-@pytest.mark.parametrize("topk", [64, 256, 2048])
+@pytest.mark.parametrize("world_size,topk", [(w, k) for w in (2, 3, 4, 8, 16) for k in (64, 256, 2048)] + [(2, 4096)])
 def test_merge_at_max_saturation(world_size, topk):
     n = dcp.dcp_merge_local_topk(topk, world_size)
     if n == 0:
         pytest.skip("no one-round merge for this (topk, world_size)")
     x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77, seed=world_size)
     _check_merge(x, lengths, topk, separate=world_size == 4)
+
+
+def test_merge_lengths_at_every_edge():
+    """Rank lengths around N (a full sent row or not) and K (enough candidates or not), W = 2."""
+    topk, n = 256, dcp.dcp_merge_local_topk(256, 2)
+    pairs = [(n - 1, n), (n, n), (n + 1, n + 1), (topk - 1, 1), (topk, 0), (topk + 1, topk + 1), (0, 0), (1, 0)]
+    x = scores("random", (2, len(pairs), 400), seed=11)
+    lengths = torch.tensor(pairs, dtype=torch.int32).t().contiguous()
+    _check_merge(x, lengths, topk)
 
 
 KIND_CASES = [(kind, 3) for kind in KINDS] + [(kind, w) for w in (2, 8) for kind in ("random", "all_equal", "nan_mixed")]
