@@ -132,8 +132,10 @@ def test_init_rejects_bad_arguments_before_any_collective():
     from multiproc import single_rank_group  # noqa: F401  (a one-rank group to call init on)
 
     single_rank_group()
-    with pytest.raises(ValueError, match="max_rows must be a positive int"):
+    with pytest.raises(ValueError, match="max_rows must be an int in"):
         dcp.init_dcp_topk_merge(None, 2000, 0)
+    with pytest.raises(ValueError, match="max_rows must be an int in"):
+        dcp.init_dcp_topk_merge(None, 2000, 70000)
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         dcp.init_dcp_topk_merge(None, 2000, 8, timeout_s=0)
     assert dcp.init_dcp_topk_merge(None, 2000, 8) == 0  # one rank: the generic merge

@@ -146,6 +146,31 @@ def test_merge_at_max_saturation(world_size, topk):
     _check_merge(x, lengths, topk, separate=world_size == 4)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_pack_and_merge_on_random_configurations(seed):
+    """Random W, K, kinds and lengths near N and K: our own pack rows, then the merge."""
+    gen = torch.Generator().manual_seed(seed)
+    while True:
+        world_size = int(torch.randint(2, 17, (1,), generator=gen))
+        topk = int(torch.randint(33, 4097, (1,), generator=gen))
+        n = dcp.dcp_merge_local_topk(topk, world_size)
+        if n:
+            break
+    kind = KINDS[int(torch.randint(0, len(KINDS), (1,), generator=gen))]
+    length = topk + 40
+    x = scores(kind, (world_size, 2, length), seed=seed)
+    near = torch.tensor([0, 1, n - 1, n, n + 1, topk - 1, topk, length])
+    lengths = near[torch.randint(0, len(near), (world_size, 2), generator=gen)].to(torch.int32)
+    rows = [_pack(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
+    gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
+    for rank in _some_ranks(world_size):
+        global_ids, local_ids, count = _merge(gathered, rescue, topk, rank)
+        where = f"W={world_size} K={topk} {kind} rank {rank}"
+        assert torch.equal(global_ids, want_global), where
+        assert torch.equal(local_ids, want_local[rank]) and torch.equal(count, want_count[rank]), where
+
+
 def test_merge_lengths_at_every_edge():
     """Rank lengths around N (a full sent row or not) and K (enough candidates or not), W = 2."""
     topk, n = 256, dcp.dcp_merge_local_topk(256, 2)

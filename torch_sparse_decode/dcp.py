@@ -205,8 +205,8 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     name = group.group_name
     if (name, topk) in _INIT:
         return _INIT[(name, topk)]
-    if not isinstance(max_rows, int) or max_rows < 1:
-        raise ValueError(f"max_rows must be a positive int, got {max_rows!r}")
+    if not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
+        raise ValueError(f"max_rows must be an int in [1, {ops.TOPK_MAX_ROWS}], got {max_rows!r}")
     if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     supported, why = _local_support(group, topk, max_local_len)
