@@ -6,11 +6,13 @@ scores its own tokens; every rank needs the same exact global top-K, ranked on b
 
 Two paths, bit-identical by construction (the same keys, the same order):
 
-- one-round (``init_dcp_topk_merge`` returned N > 0 and ``dcp_topk_merge_fits``): each rank packs
-  its best N candidates into a B' row (``pack_candidates``), the group exchanges the rows once,
-  and every rank merges them (``merge_packed``), replacing each saturated rank's row by its local
-  top-K, read from that rank's rescue row (on GPUs: symmetric memory; on a CPU/gloo group the
-  reference fetches the rescue rows with a second all-gather, standing in for that read);
+- one-round: each rank packs its best N candidates into a B' row, the group exchanges the rows
+  once, and every rank merges them, replacing each saturated rank's row by its local top-K (its
+  rescue row). On GPUs (``init_dcp_topk_merge`` returned N > 0 and the step fits its workspace)
+  the whole step is the ``dcp_topk_merge`` op's CUDA kernel: pack, push into the peers'
+  symmetric memory, bounded wait, merge reading rescue rows from the peers (``kernels/dcp.py``).
+  As separate ops (``pack_candidates``, ``merge_packed``) it runs anywhere; on a CPU/gloo group
+  ``dcp_topk_merge(..., local_topk=N)`` fetches the rescue rows with a second all-gather;
 - generic: every rank exchanges its full local top-K as int64 keys and merges them.
 
 ``simulate_dcp_topk`` runs the one-round pack and merge of a W-rank group in one process.
