@@ -60,11 +60,3 @@ def run_ranks(body, world_size: int, backend: str, *args, timeout_s: float = 300
         missing = [r for r in range(world_size) if not os.path.exists(os.path.join(tmp, f"rank{r}.ok"))]
         if missing:
             raise AssertionError(f"ranks {missing} of {world_size} ({backend}) did not pass: {crash}") from crash
-
-
-def single_rank_group() -> str:
-    """The name of a one-rank process group (gloo for CPU tensors, NCCL for CUDA), made once."""
-    if not dist.is_initialized():
-        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return dist.group.WORLD.group_name

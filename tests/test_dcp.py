@@ -4,7 +4,8 @@ import torch
 import oracle
 from dcp_cases import count_saturated, mixed, saturating, shuffled
 from inputs import DEVICES, KINDS
-from torch_sparse_decode import dcp, reference
+from torch_sparse_decode import dcp
+from torch_sparse_decode.examples import one_rank_group
 
 
 def test_config_helpers_match_the_seed():
@@ -129,9 +130,7 @@ def test_generic_takes_local_lengths_beyond_the_packed_limit():
 
 
 def test_init_rejects_bad_arguments_before_any_collective():
-    from multiproc import single_rank_group  # noqa: F401  (a one-rank group to call init on)
-
-    single_rank_group()
+    one_rank_group()  # a one-rank group to call init on
     with pytest.raises(ValueError, match="max_rows must be an int in"):
         dcp.init_dcp_topk_merge(None, 2000, 0)
     with pytest.raises(ValueError, match="max_rows must be an int in"):

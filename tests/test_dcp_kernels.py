@@ -14,7 +14,6 @@ import oracle
 from dcp_cases import mixed, saturating, shuffled
 from inputs import KINDS, scores
 from torch_sparse_decode import dcp, reference
-from torch_sparse_decode.order import bf16_ord16
 
 if torch.cuda.is_available():
     DEVICE = "cuda"
@@ -116,7 +115,18 @@ def _some_ranks(world_size: int) -> list[int]:
     return sorted({0, world_size // 2, world_size - 1})
 
 
+def _assert_merged(gathered, rescue, x, lengths, topk, peers=None, where=""):
+    """The merge of these B' rows gives the oracle's ids on every rank checked."""
+    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
+    for rank in _some_ranks(x.shape[0]):
+        global_ids, local_ids, count = _merge(gathered, rescue, topk, rank, peers)
+        assert torch.equal(global_ids, want_global), f"{where} rank {rank}"
+        assert torch.equal(local_ids, want_local[rank]), f"{where} rank {rank}"
+        assert torch.equal(count, want_count[rank]), f"{where} rank {rank}"
+
+
 def _check_merge(x, lengths, topk, shuffle=False, separate=False):
+    """The merge of the reference's B' rows (optionally shuffled, or in per-rank buffers)."""
     world_size = x.shape[0]
     n = dcp.dcp_merge_local_topk(topk, world_size)
     rows = [dcp.pack_candidates(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
@@ -125,16 +135,18 @@ def _check_merge(x, lengths, topk, shuffle=False, separate=False):
     if shuffle:  # B' allows any slot order (the reference pack writes best first, ours ascending)
         gathered = shuffled(gathered, n, 1)
         rescue = shuffled(rescue, dcp.rescue_row_slots(topk), 2)
-    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
     peers, keep = None, []
     if separate:  # each rank's rescue rows in a buffer of its own, reached through the table
         keep = [rescue[r].to(DEVICE, copy=True) for r in range(world_size)]
         peers = torch.tensor([t.data_ptr() for t in keep], dtype=torch.int64, device=DEVICE)
-    for rank in _some_ranks(world_size):
-        global_ids, local_ids, count = _merge(gathered, rescue, topk, rank, peers)
-        assert torch.equal(global_ids, want_global), rank
-        assert torch.equal(local_ids, want_local[rank]), rank
-        assert torch.equal(count, want_count[rank]), rank
+    _assert_merged(gathered, rescue, x, lengths, topk, peers)
+
+
+def _check_own_pack_and_merge(x, lengths, topk, where=""):
+    """Our B' rows (from the reference's local top-K ids), then the merge."""
+    world_size = x.shape[0]
+    rows = [_pack(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
+    _assert_merged(torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows]), x, lengths, topk, where=where)
 
 
 @pytest.mark.parametrize("world_size,topk", [(w, k) for w in (2, 3, 4, 8, 16) for k in (64, 256, 2048)] + [(2, 4096)])
@@ -161,14 +173,7 @@ def test_pack_and_merge_on_random_configurations(seed):
     x = scores(kind, (world_size, 2, length), seed=seed)
     near = torch.tensor([0, 1, n - 1, n, n + 1, topk - 1, topk, length])
     lengths = near[torch.randint(0, len(near), (world_size, 2), generator=gen)].to(torch.int32)
-    rows = [_pack(x[r], lengths[r], world_size, r, topk) for r in range(world_size)]
-    gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
-    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
-    for rank in _some_ranks(world_size):
-        global_ids, local_ids, count = _merge(gathered, rescue, topk, rank)
-        where = f"W={world_size} K={topk} {kind} rank {rank}"
-        assert torch.equal(global_ids, want_global), where
-        assert torch.equal(local_ids, want_local[rank]) and torch.equal(count, want_count[rank]), where
+    _check_own_pack_and_merge(x, lengths, topk, where=f"W={world_size} K={topk} {kind}")
 
 
 def test_merge_lengths_at_every_edge():
@@ -191,13 +196,7 @@ def test_merge_kinds_and_short_rows(kind, world_size):
 
 def test_merge_of_our_own_packed_rows():
     x, lengths = mixed(4, 5000, seed=3, kind="bf16_plateau")
-    rows = [_pack(x[r], lengths[r], 4, r, 2048) for r in range(4)]
-    gathered, rescue = torch.stack([p for p, _ in rows]), torch.stack([q for _, q in rows])
-    want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, 2048)
-    for rank in _some_ranks(4):
-        global_ids, local_ids, count = _merge(gathered, rescue, 2048, rank)
-        assert torch.equal(global_ids, want_global) and torch.equal(local_ids, want_local[rank])
-        assert torch.equal(count, want_count[rank])
+    _check_own_pack_and_merge(x, lengths, 2048)
 
 
 @pytest.mark.gpu

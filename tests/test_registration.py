@@ -5,7 +5,7 @@ import torch
 
 import torch_sparse_decode as tsd
 from inputs import DEVICES
-from multiproc import single_rank_group
+from torch_sparse_decode.examples import one_rank_group
 from torch_sparse_decode import dcp
 
 
@@ -32,7 +32,7 @@ def op_cases(device):
         "dcp_merge": (gathered, rescues, 64, 2, *merged()),
         "dcp_local_keys": (tokens, lengths, 4, 1, 64, torch.empty(3, 64, dtype=torch.int64, device=device)),
         "dcp_merge_generic": (keys, 3, *merged()),
-        "dcp_topk_merge": (tokens, lengths, 64, single_rank_group(), *merged()),
+        "dcp_topk_merge": (tokens, lengths, 64, one_rank_group().group_name, *merged()),
     }
 
 
@@ -77,7 +77,7 @@ def test_decode_step_compiles_without_graph_break(device):
         torch.tensor([[500, 3]] * 4, dtype=torch.int32),
     )
     args = tuple(a.to(device) for a in args)
-    single_rank_group()
+    one_rank_group()
     compiled = torch.compile(decode_step, fullgraph=True)
     for got, want in zip(compiled(*args), decode_step(*args)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)

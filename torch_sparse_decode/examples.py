@@ -79,7 +79,7 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     return build
 
 
-def _one_rank_group():
+def one_rank_group():
     """A one-rank process group (gloo for CPU tensors, NCCL for CUDA) for the full-step op."""
     import torch.distributed as dist
 
@@ -93,7 +93,7 @@ def _dcp_step(device: torch.device) -> Example:
     """The full step as one op over a process group (here of one rank: the generic merge)."""
     scores, lengths = _dcp_inputs(5)
     s, n = _on(device, scores[0], lengths[0])
-    group = _one_rank_group()
+    group = one_rank_group()
     return Example(
         "dcp_topk_merge (1 rank)", "T=4 L=16K K=2048", lambda: dcp.dcp_topk_merge(s, n, 2048, group)[0],
         lambda: _dcp_generic(scores[:1], lengths[:1], 2048),

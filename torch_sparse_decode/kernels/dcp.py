@@ -77,6 +77,28 @@ def _digit_of_kth(hist, need, BINS: tl.constexpr):
 
 
 @triton.jit
+def _digit_hist(key, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr):
+    """256-bin histogram of a digit over the keys with the found prefix; keys outside land in bin 0
+    and are counted apart."""
+    match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
+    hist = tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
+    return hist, tl.sum((~match).to(tl.int32))
+
+
+@triton.jit
+def _radix_digit(hist, outside, prefix, need, BITS: tl.constexpr):
+    """From a digit's histogram (``outside`` keys counted in bin 0): the prefix extended by the digit
+    of the need-th largest key, the need left inside that bucket, whether the bucket is taken
+    whole, and the keys counted."""
+    bins = tl.arange(0, 256)
+    hist -= tl.where(bins == 0, outside, 0)
+    digit, above = _digit_of_kth(hist, need, 256)
+    need -= above
+    whole = tl.sum(tl.where(bins == digit, hist, 0)) == need
+    return (prefix << BITS) | digit.to(prefix.dtype), need, whole, tl.sum(hist)
+
+
+@triton.jit
 def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
@@ -104,18 +126,15 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     tl.store(rescue + row * rescue_stride + slot, word, mask=slot < R)
     tl.store(rescue + row * rescue_stride + R + planes, _plane_words(high, SLOTS), mask=planes < R // 32)
 
-    # The best N: ord16's threshold digit by digit (two 8-bit passes), then the ties in row order.
-    count = tl.sum(live.to(tl.int32))
-    need = tl.minimum(count, N)
-    hi, above_hi = _digit_of_kth(tl.histogram(tl.where(live, ord16 >> 8, 0), 256), need, 256)
-    # Bin 0 of the low digit also counts the keys outside the high bin: take them back out.
-    in_hi = live & ((ord16 >> 8) == hi)
-    low_hist = tl.histogram(tl.where(in_hi, ord16 & 0xFF, 0), 256)
-    low_hist -= tl.where(tl.arange(0, 256) == 0, SLOTS - tl.sum(in_hi.to(tl.int32)), 0)
-    lo, above_lo = _digit_of_kth(low_hist, need - above_hi, 256)
-    t16 = (hi << 8) | lo
+    # The best N: ord16's threshold digit by digit (two 8-bit radix digits), then the ties in row order.
+    need = tl.minimum(tl.sum(live.to(tl.int32)), N)
+    key16 = tl.where(live, ord16, -1)
+    hist, outside = _digit_hist(key16, 0, 8, 8)
+    hi, rest, _, _ = _radix_digit(hist, outside, tl.zeros((), dtype=tl.int32), need, 8)
+    hist, outside = _digit_hist(key16, hi, 0, 8)
+    t16, rest, _, _ = _radix_digit(hist, outside, hi, rest, 8)
     ties = live & (ord16 == t16)
-    take = live & ((ord16 > t16) | (ties & (tl.cumsum(ties.to(tl.int32), 0) <= need - above_hi - above_lo)))
+    take = live & ((ord16 > t16) | (ties & (tl.cumsum(ties.to(tl.int32), 0) <= rest)))
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
     out = packed + row * packed_stride
     tl.store(out + pos, word, mask=take)
@@ -194,15 +213,6 @@ def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.co
 
 
 @triton.jit
-def _digit_hist(key, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr):
-    """256-bin histogram of a digit over the keys with the found prefix; keys outside land in bin 0
-    and are counted apart."""
-    match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
-    hist = tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
-    return hist, tl.sum((~match).to(tl.int32))
-
-
-@triton.jit
 def _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
                 W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
                 REGS: tl.constexpr):
@@ -210,28 +220,23 @@ def _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, nee
 
     ``whole``: the digit's bucket holds exactly ``need`` keys, so ``prefix << SHIFT`` separates
     the selection. REGS: the candidates are ``flat``; else rank r's sent or rescue row, streamed."""
-    bins = tl.arange(0, 256)
     if REGS:
         hist, outside = _digit_hist(flat, prefix, SHIFT, BITS)
     else:
         hist = tl.zeros((256,), dtype=tl.int32)
         outside = tl.zeros((), dtype=tl.int32)
         for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
                 part, out = _digit_hist(_merge_keys(base, slots, j, r, j < slots, W), prefix, SHIFT, BITS)
                 hist += part
                 outside += out
-    hist -= tl.where(bins == 0, outside, 0)
-    digit, above = _digit_of_kth(hist, need, 256)
-    need -= above
-    whole = tl.sum(tl.where(bins == digit, hist, 0)) == need
-    return (prefix << BITS) | digit.to(tl.int64), need, whole, tl.sum(hist)
+    return _radix_digit(hist, outside, prefix, need, BITS)
 
 
 @triton.jit
-def _flag(mask, r, W: tl.constexpr):
+def _flag(mask, r):
     """Element r of a per-rank mask, as a scalar."""
     ranks = tl.arange(0, mask.shape[0])
     return tl.sum(tl.where(ranks == r, mask, 0)) != 0
@@ -298,7 +303,7 @@ def _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, pref
     else:
         top = tl.zeros((), dtype=tl.int32)
         for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
                 top = tl.maximum(top, _top_id(_merge_keys(base, slots, j, r, j < slots, W), thr))
@@ -311,7 +316,7 @@ def _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, pref
         _set_bits(flat, thr, bitmap)
     else:
         for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
                 _set_bits(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap)
@@ -327,7 +332,7 @@ def _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, pref
         _store_ranked(flat, thr, bitmap, prefix, out)
     else:
         for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r, W), N, R)
+            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
                 _store_ranked(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap, prefix, out)
