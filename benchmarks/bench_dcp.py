@@ -74,7 +74,6 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     from torch_sparse_decode import dcp
     from torch_sparse_decode.kernels import dcp as kernels
 
-    dcp.ONE_ROUND_GPU = True  # the path under measurement (see dcp.ONE_ROUND_GPU)
     n = dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL)
     assert n, "the one-round merge did not initialize"
     words = dcp.packed_row_words(n)
@@ -109,13 +108,16 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
 
 
 def simulated(results: str, quick: bool) -> None:
-    """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table)."""
+    """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table),
+    at the shipped warps per row and the alternatives."""
     from torch_sparse_decode import dcp
     from torch_sparse_decode.kernels import dcp as kernels
 
-    table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call)",
-                  ["W", "T", "merge", "candidates per row"])
-    for world_size in (4, 8, 16):
+    shipped = kernels.MERGE_WARPS
+    warps = (4, 8, 16)
+    table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call; shipped: {shipped} warps)",
+                  ["W", "T", *(f"merge, {w} warps" for w in warps), "candidates per row"])
+    for world_size in (2, 4, 8, 16):
         for rows in (1, 8) if quick else (1, 8, 32):
             local = LOCAL * 2 // world_size
             x = torch.randn(world_size, rows, local, device="cuda")
@@ -127,7 +129,12 @@ def simulated(results: str, quick: bool) -> None:
             outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
             count = torch.empty(rows, dtype=torch.int32, device="cuda")
             call = lambda i: kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count)  # noqa: E731
-            table.add(world_size, rows, graph_us(call), world_size * dcp.dcp_merge_local_topk(K, world_size))
+            times = []
+            for w in warps:
+                kernels.MERGE_WARPS = w
+                times.append(graph_us(call))
+            kernels.MERGE_WARPS = shipped
+            table.add(world_size, rows, *times, world_size * dcp.dcp_merge_local_topk(K, world_size))
     table.emit(results)
 
 

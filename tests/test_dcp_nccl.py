@@ -1,8 +1,8 @@
 """The process-group DCP merge on two GPUs (one process per GPU, NCCL + symmetric memory).
 
-- generic: init fails closed while ``dcp.ONE_ROUND_GPU`` is off, and the generic merge (one NCCL
+- generic: init fails closed for local lengths beyond 2**17, and the generic merge (one NCCL
   all-gather of every rank's local top-K) gives the oracle's ids;
-- one-round: with the GPU path on, init agrees on N, and the full step (pack + symmetric-memory
+- one-round: init agrees on N, and the full step (pack + symmetric-memory
   push + merge) gives the oracle's ids on both ranks: eager at T in {1, 8, 32}, replayed from a
   CUDA graph over many steps with changing inputs (the device-side step counter walks the
   parities), under torch.compile(fullgraph=True), with steps too large for the workspace taking
@@ -41,7 +41,7 @@ def _cases(world_size: int, rows: int):
 
 
 def _generic_body(rank: int, world_size: int, group) -> None:
-    assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=1 << 16) == 0
+    assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=(1 << 17) + 1) == 0
     for name, (x, lengths) in _cases(world_size, 4):
         got = dcp.dcp_topk_merge(x[rank].cuda(), lengths[rank].cuda(), K, group)
         _expect(got, x, lengths, rank, name)
@@ -52,7 +52,6 @@ def test_nccl_generic_merge_two_gpus():
 
 
 def _one_round_body(rank: int, world_size: int, group) -> None:
-    dcp.ONE_ROUND_GPU = True
     n = dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=1 << 16, timeout_s=20.0)
     assert n == dcp.dcp_merge_local_topk(K, world_size) == 1536
     step = lambda x, lengths: dcp.dcp_topk_merge(x, lengths, K, group)  # noqa: E731

@@ -203,3 +203,14 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("op", sorted(__import__("torch_sparse_decode.kernels", fromlist=["CUDA_KERNELS"]).CUDA_KERNELS))
+def test_cuda_kernel_module_contract(op):
+    """Each op's kernel module defines the op's function and ``warm`` (what warmup() calls on CUDA)."""
+    import importlib
+
+    from torch_sparse_decode.kernels import CUDA_KERNELS
+
+    module = importlib.import_module(f"torch_sparse_decode.kernels.{CUDA_KERNELS[op]}")
+    assert callable(getattr(module, op)) and callable(getattr(module, "warm"))

@@ -60,10 +60,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# The one-round GPU path (Triton pack/merge kernels, symmetric-memory exchange) is CPU-tested under
-# the Triton interpreter and compiled for SM90 in CI; it turns on once its GPU tests have passed.
-ONE_ROUND_GPU = False
-
 # (group name, topk) -> N agreed by init_dcp_topk_merge (0: generic merge).
 _INIT: dict[tuple[str, int], int] = {}
 
@@ -168,8 +164,6 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
         return False, f"local lengths up to {max_local_len} exceed 2**{LOCAL_INDEX_BITS}"
     if _group_device(group).type != "cuda":
         return False, "not a CUDA (NCCL) group"
-    if not ONE_ROUND_GPU:
-        return False, "the one-round GPU kernels await their first GPU validation (ONE_ROUND_GPU)"
     try:
         import torch.distributed._symmetric_memory  # noqa: F401
 

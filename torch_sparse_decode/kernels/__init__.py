@@ -17,12 +17,13 @@ from .. import reference
 from .._library import register_kernel, register_warmup
 
 # op name -> module in this package holding a function of the same name (its CUDA kernel).
-# dcp_topk_merge takes the one-round step only on groups with a workspace (init_dcp_topk_merge,
-# gated by dcp.ONE_ROUND_GPU); dcp_pack / dcp_merge join once their GPU tests have run.
+# dcp_topk_merge takes the one-round step only on groups with a workspace (init_dcp_topk_merge).
 CUDA_KERNELS = {
     "moe_route": "moe_route",
     "select_candidate_blocks": "topk",
     "indexer_topk": "topk",
+    "dcp_pack": "dcp",
+    "dcp_merge": "dcp",
     "dcp_topk_merge": "dcp",
 }
 

@@ -31,10 +31,9 @@ import triton.language as tl
 from .. import reference
 from ..dcp_config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots
 
-GID_BITS = tl.constexpr(21)  # global ids: local index < 2**17 times world size <= 16
-GID_MASK = tl.constexpr((1 << 21) - 1)
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
-NO_KEY = tl.constexpr(-1)  # below every merge key
+WORD_CHUNK = tl.constexpr(4096)  # bitmap words per step of the merge's scan
+MERGE_WARPS = 8  # warps per merge program (one row); bench_dcp.py times the alternatives
 
 
 @triton.jit
@@ -67,35 +66,29 @@ def _plane_words(bits, SLOTS: tl.constexpr):
 
 
 @triton.jit
-def _digit_of_kth(hist, need, BINS: tl.constexpr):
-    """Largest bin b with at least ``need`` counts at or above it, and the counts above b."""
-    bins = tl.arange(0, BINS)
-    at_or_above = tl.sum(hist) - tl.cumsum(hist, 0) + hist
-    digit = tl.sum((at_or_above >= need).to(tl.int32)) - 1
-    above = tl.sum(tl.where(bins > digit, hist, 0))
-    return digit, above
+def _count_and_max(a, b, c, d):
+    return a + c, tl.maximum(b, d)
 
 
 @triton.jit
-def _digit_hist(key, prefix, SHIFT: tl.constexpr, BITS: tl.constexpr):
-    """256-bin histogram of a digit over the keys with the found prefix; keys outside land in bin 0
-    and are counted apart."""
-    match = (key >= 0) & ((key >> (SHIFT + BITS)) == prefix)
-    hist = tl.histogram(tl.where(match, (key >> SHIFT) & ((1 << BITS) - 1), 0).to(tl.int32), 256)
-    return hist, tl.sum((~match).to(tl.int32))
+def _byte_hist(k16, hi, LOW: tl.constexpr):
+    """256-bin histogram of the live keys' (``k16 >= 0``) high byte, or (LOW) of the low byte of
+    those whose high byte is ``hi``."""
+    if LOW:
+        inside = (k16 >= 0) & ((k16 >> 8) == hi)
+        return tl.histogram(tl.where(inside, k16 & 0xFF, 0), 256, mask=inside)
+    else:
+        inside = k16 >= 0
+        return tl.histogram(tl.where(inside, k16 >> 8, 0), 256, mask=inside)
 
 
 @triton.jit
-def _radix_digit(hist, outside, prefix, need, BITS: tl.constexpr):
-    """From a digit's histogram (``outside`` keys counted in bin 0): the prefix extended by the digit
-    of the need-th largest key, the need left inside that bucket, whether the bucket is taken
-    whole, and the keys counted."""
-    bins = tl.arange(0, 256)
-    hist -= tl.where(bins == 0, outside, 0)
-    digit, above = _digit_of_kth(hist, need, 256)
-    need -= above
-    whole = tl.sum(tl.where(bins == digit, hist, 0)) == need
-    return (prefix << BITS) | digit.to(prefix.dtype), need, whole, tl.sum(hist)
+def _byte_of_kth(hist, need, above):
+    """The largest bin b with at least ``need`` keys at or above it (``above`` keys lie above every
+    bin), and the keys strictly above b. need = 0 gives bin 255."""
+    ge = tl.cumsum(hist, 0, reverse=True) + above
+    count, gt = tl.reduce(((ge >= need).to(tl.int32), tl.where(ge < need, ge, above)), 0, _count_and_max)
+    return count - 1, gt
 
 
 @triton.jit
@@ -127,12 +120,13 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     tl.store(rescue + row * rescue_stride + R + planes, _plane_words(high, SLOTS), mask=planes < R // 32)
 
     # The best N: ord16's threshold digit by digit (two 8-bit radix digits), then the ties in row order.
-    need = tl.minimum(tl.sum(live.to(tl.int32)), N)
     key16 = tl.where(live, ord16, -1)
-    hist, outside = _digit_hist(key16, 0, 8, 8)
-    hi, rest, _, _ = _radix_digit(hist, outside, tl.zeros((), dtype=tl.int32), need, 8)
-    hist, outside = _digit_hist(key16, hi, 0, 8)
-    t16, rest, _, _ = _radix_digit(hist, outside, hi, rest, 8)
+    hist = _byte_hist(key16, 0, False)
+    need = tl.minimum(tl.sum(hist), N)
+    hi, above = _byte_of_kth(hist, need, 0)
+    lo, above = _byte_of_kth(_byte_hist(key16, hi, True), need, above)
+    t16 = (hi << 8) | lo
+    rest = need - above
     ties = live & (ord16 == t16)
     take = live & ((ord16 > t16) | (ties & (tl.cumsum(ties.to(tl.int32), 0) <= rest)))
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
@@ -160,27 +154,24 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
 
 # --------------------------------------------------------------------------------- merge
 #
-# The sent rows of a row's W ranks (W * N <= 8192 keys) are held in registers: the select, the
-# saturation test and, when no rank saturates (the common case), the output read them there.
-# With saturated ranks the candidate set (their rescue rows in place of their sent rows, up to
-# ~23K keys) is streamed from memory in chunks instead. Each phase below works on a keys tensor
-# of any shape, so both drivers share it.
+# A row's selection is "every candidate with ord16 > t16, and the `ties` lowest global ids among
+# those with ord16 == t16": two byte passes find t16 (the ord16 of the K-th candidate); the
+# global-id tie break and the ascending output both come from two bitmaps over global ids
+# (S: ord16 > t16, T: ord16 == t16) and one scan of their packed popcounts. A selected id's slot
+# is (S ids below it) + min(T ids below it, ties). Few block-wide steps: the merge is latency bound.
+# The sent rows of a row's W ranks (W * N <= 8192 keys) are held in registers; with saturated
+# ranks the candidate set (their rescue rows in place of their sent rows, up to ~23K keys) is
+# streamed from memory in chunks instead. Each phase works on (ord16, global id) tensors of any
+# shape, so both drivers share it.
 
 
 @triton.jit
 def _merge_keys(row, slots, j, rank, inside, W: tl.constexpr):
-    """Merge keys of slots ``j`` of B' rows (``row``, ``rank`` broadcast): ord16 << 21 | (2**21 - 1 - g)."""
+    """(ord16, or -1 for an empty slot; global id) of slots ``j`` of B' rows (``row``, ``rank`` broadcast)."""
     word = tl.load(row + j, mask=inside, other=0)
     plane = tl.load(row + slots + j // 32, mask=inside, other=0)
-    bits = word.to(tl.int64) & 0xFFFFFFFF
-    local = (0xFFFF - (bits & 0xFFFF)) | (((plane >> (j % 32)) & 1).to(tl.int64) << 16)
-    key = ((bits >> 16) << GID_BITS) | ((local * W + rank) ^ GID_MASK)
-    return tl.where(word != 0, key, NO_KEY)
-
-
-@triton.jit
-def _global_id(key):
-    return ((key & GID_MASK) ^ GID_MASK).to(tl.int32)
+    local = (0xFFFF - (word & 0xFFFF)) | (((plane >> (j % 32)) & 1) << 16)
+    return tl.where(word != 0, (word >> 16) & 0xFFFF, -1), local * W + rank
 
 
 @triton.jit
@@ -195,11 +186,17 @@ def _popcount(x):
 
 @triton.jit
 def _sent_keys(sent, sent_rank_stride, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr):
-    """Every rank's sent keys of the row, [WP2 * NP2] (rank-major), -1 outside."""
+    """Every rank's sent (ord16, global id) of the row as [WP2, NP2] (ord16 -1 outside)."""
     rank = tl.arange(0, WP2)[:, None]
     j = tl.arange(0, NP2)[None, :]
-    keys = _merge_keys(sent + rank * sent_rank_stride, N, j, rank, (rank < W) & (j < N), W)
-    return tl.reshape(keys, (WP2 * NP2,))
+    return _merge_keys(sent + rank * sent_rank_stride, N, j, rank, (rank < W) & (j < N), W)
+
+
+@triton.jit
+def _flag(mask, r):
+    """Element r of a per-rank mask, as a scalar."""
+    ranks = tl.arange(0, mask.shape[0])
+    return tl.sum(tl.where(ranks == r, mask, 0)) != 0
 
 
 @triton.jit
@@ -213,129 +210,116 @@ def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.co
 
 
 @triton.jit
-def _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
-                W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SHIFT: tl.constexpr, BITS: tl.constexpr,
-                REGS: tl.constexpr):
-    """One digit of the need-th largest candidate key: (prefix, need, whole, live count).
-
-    ``whole``: the digit's bucket holds exactly ``need`` keys, so ``prefix << SHIFT`` separates
-    the selection. REGS: the candidates are ``flat``; else rank r's sent or rescue row, streamed."""
+def _candidate_hist(k16, sent, sent_rank_stride, peers, rescue_at, sat, hi,
+                    W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, LOW: tl.constexpr, REGS: tl.constexpr):
+    """``_byte_hist`` over the row's candidates: ``k16`` (REGS), else every rank's sent or rescue row, streamed."""
     if REGS:
-        hist, outside = _digit_hist(flat, prefix, SHIFT, BITS)
+        hist = _byte_hist(k16, hi, LOW)
     else:
         hist = tl.zeros((256,), dtype=tl.int32)
-        outside = tl.zeros((), dtype=tl.int32)
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
-                part, out = _digit_hist(_merge_keys(base, slots, j, r, j < slots, W), prefix, SHIFT, BITS)
-                hist += part
-                outside += out
-    return _radix_digit(hist, outside, prefix, need, BITS)
+                hist += _byte_hist(_merge_keys(base, slots, j, r, j < slots, W)[0], hi, LOW)
+    return hist
 
 
 @triton.jit
-def _flag(mask, r):
-    """Element r of a per-rank mask, as a scalar."""
-    ranks = tl.arange(0, mask.shape[0])
-    return tl.sum(tl.where(ranks == r, mask, 0)) != 0
+def _threshold(k16, sent, sent_rank_stride, peers, rescue_at, sat, K,
+               W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
+    """(t16, ties, count): the ord16 of the K-th best candidate (of the last one if fewer are live),
+    how many of the candidates at t16 are taken, and how many are taken in all."""
+    hist = _candidate_hist(k16, sent, sent_rank_stride, peers, rescue_at, sat, 0, W, N, R, False, REGS)
+    need = tl.minimum(tl.sum(hist), K)
+    hi, above = _byte_of_kth(hist, need, 0)
+    hist = _candidate_hist(k16, sent, sent_rank_stride, peers, rescue_at, sat, hi, W, N, R, True, REGS)
+    lo, above = _byte_of_kth(hist, need, above)
+    return (hi << 8) | lo, need - above, need
 
 
 @triton.jit
-def _select(flat, sent, sent_rank_stride, peers, rescue_at, sat, K,
-            W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
-    """(thr, live): exactly min(K, live) candidate keys are >= thr (thr = 0: every live key)."""
-    prefix = tl.zeros((), dtype=tl.int64)
-    prefix, need, whole, live = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, K,
-                                            W, N, R, 29, 8, REGS)
-    thr = prefix << 29
-    if live <= K:
-        thr = tl.zeros((), dtype=tl.int64)
-    elif not whole:
-        prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix, need,
-                                             W, N, R, 21, 8, REGS)
-        thr = prefix << 21
-        if not whole:
-            prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix,
-                                                 need, W, N, R, 14, 7, REGS)
-            thr = prefix << 14
-            if not whole:
-                prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat, prefix,
-                                                     need, W, N, R, 7, 7, REGS)
-                thr = prefix << 7
-                if not whole:
-                    prefix, need, whole, _ = _radix_pass(flat, sent, sent_rank_stride, peers, rescue_at, sat,
-                                                         prefix, need, W, N, R, 0, 7, REGS)
-                    thr = prefix
-    return thr, live
+def _top_id(k16, gid, t16):
+    return tl.max(tl.where((k16 >= 0) & (k16 >= t16), gid, 0))
 
 
 @triton.jit
-def _top_id(key, thr):
-    return tl.max(tl.where((key >= 0) & (key >= thr), _global_id(key), 0))
+def _set_bits(k16, gid, t16, strict, ties):
+    """Candidates above t16 set their bit in ``strict``, those at t16 in ``ties``."""
+    word = tl.where(k16 > t16, strict, ties) + (gid >> 5)
+    tl.atomic_or(word, 1 << (gid & 31), mask=(k16 >= 0) & (k16 >= t16), sem="relaxed")
 
 
 @triton.jit
-def _set_bits(key, thr, bitmap):
-    gid = _global_id(key)
-    tl.atomic_or(bitmap + (gid >> 5), 1 << (gid & 31), mask=(key >= 0) & (key >= thr), sem="relaxed")
+def _store_ranked(k16, gid, t16, ties, strict, tied, prefix, out):
+    """Each selected id at its rank among the selected: (S ids below it) + min(T ids below it, ties),
+    from its words' packed prefix counts and the bits below it."""
+    maybe = (k16 >= 0) & (k16 >= t16)
+    w = gid >> 5
+    below = (1 << (gid & 31)) - 1
+    s_word = tl.load(strict + w, mask=maybe, other=0, cache_modifier=".cg")  # atomics land in L2
+    t_word = tl.load(tied + w, mask=maybe, other=0, cache_modifier=".cg")
+    counts = tl.load(prefix + w, mask=maybe, other=0)
+    s_rank = (counts & 0xFFFFFFFF).to(tl.int32) + _popcount(s_word & below)
+    t_rank = (counts >> 32).to(tl.int32) + _popcount(t_word & below)
+    chosen = maybe & ((k16 > t16) | (t_rank < ties))
+    tl.store(out + s_rank + tl.minimum(t_rank, ties), gid, mask=chosen)
 
 
 @triton.jit
-def _store_ranked(key, thr, bitmap, prefix, out):
-    """Each selected id at its rank among the selected: its word's prefix count + bits below it."""
-    chosen = (key >= 0) & (key >= thr)
-    gid = _global_id(key)
-    word = tl.load(bitmap + (gid >> 5), mask=chosen, other=0, cache_modifier=".cg")  # atomics land in L2
-    pos = tl.load(prefix + (gid >> 5), mask=chosen, other=0) + _popcount(word & ((1 << (gid & 31)) - 1))
-    tl.store(out + pos, gid, mask=chosen)
-
-
-@triton.jit
-def _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, out,
-          W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
-    """The selected global ids, ascending, into ``out``, whatever the slot order of the rows: they
-    set bits of a bitmap over global ids (zeroed up to the largest), each word gets its prefix
-    popcount, and each id lands at the count below it."""
+def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, out,
+          W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, WORDS: tl.constexpr, REGS: tl.constexpr):
+    """The selected global ids, ascending, into ``out``, whatever the slot order of the rows:
+    candidates at or above t16 set bits of S or T (zeroed up to the largest id), each word gets the
+    packed prefix counts of both, and each selected id lands at its rank."""
+    strict = scratch
+    tied = scratch + WORDS
+    prefix = (scratch + 2 * WORDS).to(tl.pointer_type(tl.int64))
     if REGS:
-        top = _top_id(flat, thr)
+        top = _top_id(k16, gid, t16)
     else:
         top = tl.zeros((), dtype=tl.int32)
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
-                top = tl.maximum(top, _top_id(_merge_keys(base, slots, j, r, j < slots, W), thr))
+                k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                top = tl.maximum(top, _top_id(k, g, t16))
     words = (top >> 5) + 1
-    for start in range(0, words, CHUNK):
-        w = start + tl.arange(0, CHUNK)
-        tl.store(bitmap + w, tl.zeros((CHUNK,), dtype=tl.int32), mask=w < words)
+    for start in range(0, words, WORD_CHUNK):
+        w = start + tl.arange(0, WORD_CHUNK)
+        tl.store(strict + w, tl.zeros((WORD_CHUNK,), dtype=tl.int32), mask=w < words)
+        tl.store(tied + w, tl.zeros((WORD_CHUNK,), dtype=tl.int32), mask=w < words)
     tl.debug_barrier()  # zeros land before any bit
     if REGS:
-        _set_bits(flat, thr, bitmap)
+        _set_bits(k16, gid, t16, strict, tied)
     else:
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
-                _set_bits(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap)
-    tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the popcounts
-    below = tl.zeros((), dtype=tl.int32)
-    for start in range(0, words, CHUNK):
-        w = start + tl.arange(0, CHUNK)
-        bits = _popcount(tl.load(bitmap + w, mask=w < words, other=0, cache_modifier=".cg"))
-        tl.store(prefix + w, below + tl.cumsum(bits, 0) - bits, mask=w < words)
-        below += tl.sum(bits)
+                k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                _set_bits(k, g, t16, strict, tied)
+    tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the counts
+    below = tl.zeros((), dtype=tl.int64)
+    for start in range(0, words, WORD_CHUNK):
+        w = start + tl.arange(0, WORD_CHUNK)
+        s_bits = tl.load(strict + w, mask=w < words, other=0, cache_modifier=".cg")
+        t_bits = tl.load(tied + w, mask=w < words, other=0, cache_modifier=".cg")
+        counts = _popcount(s_bits).to(tl.int64) | (_popcount(t_bits).to(tl.int64) << 32)
+        inclusive = tl.cumsum(counts, 0)
+        tl.store(prefix + w, below + inclusive - counts, mask=w < words)
+        below += tl.max(inclusive)
     tl.debug_barrier()  # prefix counts are in memory before the gathers
     if REGS:
-        _store_ranked(flat, thr, bitmap, prefix, out)
+        _store_ranked(k16, gid, t16, ties, strict, tied, prefix, out)
     else:
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
                 j = start + tl.arange(0, CHUNK)
-                _store_ranked(_merge_keys(base, slots, j, r, j < slots, W), thr, bitmap, prefix, out)
+                k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                _store_ranked(k, g, t16, ties, strict, tied, prefix, out)
 
 
 @triton.jit
@@ -343,28 +327,25 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
                KP2: tl.constexpr, WORDS: tl.constexpr):
     """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
-    ``scratch`` = 2 * WORDS words, the outputs already offset to the row."""
-    flat = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2)
-    ranks = tl.arange(0, WP2)
-    nobody = ranks < 0
-    thr, live = _select(flat, sent, sent_rank_stride, peers, rescue_at, nobody, K, W, N, R, True)
+    ``scratch`` = 4 * WORDS words, the outputs already offset to the row."""
+    k16, gid = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2)
+    nobody = tl.arange(0, WP2) < 0
+    flat16 = tl.reshape(k16, (WP2 * NP2,))
+    flat_gid = tl.reshape(gid, (WP2 * NP2,))
+    t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, nobody, K, W, N, R, True)
 
-    # Saturated: a full row of N, every key above t0 (the K-th key; with fewer than K live
-    # candidates there is none, and every full row counts).
-    keys = tl.reshape(flat, (WP2, NP2))
-    chosen = (keys >= 0) & (keys >= thr)
-    full = tl.sum((keys >= 0).to(tl.int32), axis=1) == N
-    taken = tl.sum(chosen.to(tl.int32), axis=1)
-    lowest = tl.min(tl.where(chosen, keys, 2**62), axis=1)
-    sat = full & ((live < K) | ((taken == N) & (lowest > tl.min(lowest))))
-    bitmap = scratch
-    prefix = scratch + WORDS
+    # Saturated (may hold deeper candidates of the top K): a full row of N whose lowest key is at
+    # or above t16. Counting the ranks at t16 keeps this a superset of the exact test (the lowest
+    # key above the K-th), and rescuing a rank that did not need it is exact, only slower.
+    lowest = tl.min(tl.where(tl.arange(0, NP2)[None, :] < N, k16, 1 << 16), axis=1)
+    sat = (lowest >= t16) & (count > 0)
     if tl.sum(sat.to(tl.int32)) > 0:
-        thr, live = _select(flat, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False)
-        _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, global_ids, W, N, R, False)
+        t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False)
+        _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
+              W, N, R, WORDS, False)
     else:
-        _emit(flat, sent, sent_rank_stride, peers, rescue_at, sat, thr, bitmap, prefix, global_ids, W, N, R, True)
-    count = tl.minimum(live, K)
+        _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
+              W, N, R, WORDS, True)
     slot = tl.arange(0, KP2)
     tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= count) & (slot < K))
     tl.debug_barrier()  # the global ids are in memory before this rank's own are read back
@@ -463,13 +444,14 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
         return
     kp2 = triton.next_power_of_2(topk)
     bitmap_words = _bitmap_words(world_size)
-    scratch = torch.empty(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
+    scratch = torch.empty(rows, 4 * bitmap_words, dtype=torch.int32, device=gathered.device)
     _dcp_merge[(rows,)](
         gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
         peers, peers, 0, 0, 0, 0, 0,
         W=world_size, WP2=triton.next_power_of_2(world_size), N=words * 32 // 33,
-        NP2=triton.next_power_of_2(words * 32 // 33), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False, num_warps=8,
+        NP2=triton.next_power_of_2(words * 32 // 33), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False,
+        num_warps=MERGE_WARPS,
     )
 
 
@@ -489,6 +471,16 @@ def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
 def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_merge`` (arguments already checked)."""
     merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
+
+
+def warm(device: torch.device) -> None:
+    """Compile the simulated pack and merge at the decode shape (W = 2, K = 2048, fp32 and bf16).
+    A group's one-round step compiles in ``init_dcp_topk_merge``'s warm steps."""
+    from ..dcp import simulate_dcp_topk
+
+    for dtype in (torch.float32, torch.bfloat16):
+        scores = torch.zeros(2, 1, 4096, dtype=dtype, device=device)
+        simulate_dcp_topk(scores, torch.full((2, 1), 4096, dtype=torch.int32, device=device), 2048)
 
 
 # -------------------------------------------------------------------- symmetric-memory step
@@ -543,7 +535,7 @@ class Workspace:
         # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
         # the merge's bitmap and prefix counts.
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
-        self.scratch = torch.empty(max_rows, 2 * _bitmap_words(world_size), dtype=torch.int32, device=device)
+        self.scratch = torch.empty(max_rows, 4 * _bitmap_words(world_size), dtype=torch.int32, device=device)
 
     @staticmethod
     def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
@@ -623,5 +615,5 @@ def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor,
         ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
         W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
         R=rescue_row_slots(ws.topk),
-        KP2=triton.next_power_of_2(ws.topk), WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=8,
+        KP2=triton.next_power_of_2(ws.topk), WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=MERGE_WARPS,
     )
