@@ -9,13 +9,14 @@ and the one-round pack, merge and symmetric-memory step behind it.
   slots in ascending local id. In a step it also pushes the packed row into every peer's buffer
   and releases a flag per (rank, row) there.
 - Merge: one program per row, after a bounded wait for every rank's flag of the row. The sent
-  rows sit in registers; a radix select on 37-bit merge keys ``ord16 << 21 | (2**21 - 1 - g)``
-  (five digits, stopping once the threshold's bucket is taken whole) finds t0; per-rank counts
-  find the saturated ranks; if any, the select runs again over a streamed candidate set with
-  their rescue rows (read from their buffers through an address table) in place of their sent
-  rows. Ids come out ascending whatever the slot order of the B' rows: the selected global ids
-  set bits of a scratch bitmap, and each id's slot is the popcount below it. A test points the
-  address table at W local buffers to simulate W ranks.
+  rows sit in registers; two byte-histogram passes find t16, the ord16 of the K-th candidate;
+  the selection is every candidate above t16 plus the lowest global ids at t16. A full row whose
+  lowest ord16 is >= t16 may hold deeper candidates (saturated); if any, t16 is found again over
+  a streamed candidate set with their rescue rows (read from their buffers through an address
+  table) in place of their sent rows. Ids come out ascending whatever the slot order of the B'
+  rows: candidates set bits of two scratch bitmaps (above t16, at t16), and one scan of their
+  popcounts gives each id its slot and each tie its rank. A test points the address table at W
+  local buffers to simulate W ranks.
 
 Why Triton for pack and merge: per-row passes with no cluster or distributed shared memory to
 manage, and Triton runs them on CPU tensors under TRITON_INTERPRET=1, so CI checks them (and the
