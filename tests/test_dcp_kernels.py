@@ -185,6 +185,21 @@ def test_merge_lengths_at_every_edge():
     _check_merge(x, lengths, topk)
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_merge_ids_beyond_one_bitmap_chunk(world_size):
+    """Local lengths up to 2**17: global ids span several 4096-word chunks of the output bitmaps,
+    with the best tokens at both ends of the rows (and rows that saturate)."""
+    length = 1 << 17
+    x = scores("random", (world_size, 2, length), seed=21)
+    x[:, :, -300:] += 10.0
+    x[:, :, :200] += 10.0
+    x[:, 1, -5:] += 20.0  # a row some rank fills with its ends alone
+    lengths = torch.tensor([[length, length - 1]] * world_size, dtype=torch.int32)
+    _check_merge(x, lengths, 256)
+    x, lengths = saturating(world_size, 256, length, seed=22)
+    _check_merge(x, lengths, 256)
+
+
 KIND_CASES = [(kind, 3) for kind in KINDS] + [(kind, w) for w in (2, 8) for kind in ("random", "all_equal", "nan_mixed")]
 
 
