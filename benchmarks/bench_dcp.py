@@ -9,7 +9,7 @@ Per T in {1, 8, 32}, beside each other in one run:
 - our top-k: the same full-K exchange with this library's indexer_topk for both selections;
 - NCCL all-gather of our packed rows alone; bytes exchanged per row per rank.
 
-    python benchmarks/bench_dcp.py [--quick] [--results FILE]
+    python benchmarks/bench_dcp.py [--quick] [--merge-only] [--results FILE]
 """
 
 from __future__ import annotations
@@ -139,7 +139,12 @@ def simulated(results: str, quick: bool) -> None:
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    cli = parser(__doc__)
+    cli.add_argument("--merge-only", action="store_true", help="only the simulated merge kernel (one GPU)")
+    args = cli.parse_args()
+    if args.merge_only:
+        simulated(args.results, args.quick)
+        return
     world_size = 2
     if torch.cuda.device_count() < world_size:
         raise SystemExit(f"needs {world_size} GPUs")
