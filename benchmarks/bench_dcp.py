@@ -36,16 +36,20 @@ def make_sets(rows: int, rank: int):
     return rotation(make, rows * LOCAL * 4)
 
 
-def stock_torch_step(x, world_size, rank, group):
-    values, index = torch.topk(x, K, dim=1)
-    ids = index * world_size + rank
-    all_values = torch.empty(world_size * x.shape[0], K, device=x.device)
-    all_ids = torch.empty(world_size * x.shape[0], K, dtype=ids.dtype, device=x.device)
+def gather_pairs(values, ids, world_size, group):
+    """Every rank's (score, global id) pairs of each row, [rows, W * K] each: two NCCL all-gathers."""
+    rows = values.shape[0]
+    all_values = torch.empty(world_size * rows, K, dtype=values.dtype, device=values.device)
+    all_ids = torch.empty(world_size * rows, K, dtype=ids.dtype, device=ids.device)
     dist.all_gather_into_tensor(all_values, values, group=group)
     dist.all_gather_into_tensor(all_ids, ids, group=group)
-    rows = x.shape[0]
-    all_values = all_values.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
-    all_ids = all_ids.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
+    by_row = lambda t: t.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)  # noqa: E731
+    return by_row(all_values), by_row(all_ids)
+
+
+def stock_torch_step(x, world_size, rank, group):
+    values, index = torch.topk(x, K, dim=1)
+    all_values, all_ids = gather_pairs(values, index * world_size + rank, world_size, group)
     best = torch.topk(all_values, K, dim=1).indices
     return all_ids.gather(1, best)
 
@@ -54,15 +58,8 @@ def our_topk_step(x, lengths, world_size, rank, group, local_out, final_out):
     select = torch.ops.sparse_decode.indexer_topk
     select(x, lengths, K, local_out)
     values = x.gather(1, local_out.clamp(min=0).long())
-    ids = local_out * world_size + rank
-    rows = x.shape[0]
-    all_values = torch.empty(world_size * rows, K, device=x.device)
-    all_ids = torch.empty(world_size * rows, K, dtype=ids.dtype, device=x.device)
-    dist.all_gather_into_tensor(all_values, values, group=group)
-    dist.all_gather_into_tensor(all_ids, ids, group=group)
-    all_values = all_values.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
-    all_ids = all_ids.view(world_size, rows, K).permute(1, 0, 2).reshape(rows, -1)
-    counts = torch.full((rows,), world_size * K, dtype=torch.int32, device=x.device)
+    all_values, all_ids = gather_pairs(values, local_out * world_size + rank, world_size, group)
+    counts = torch.full((x.shape[0],), world_size * K, dtype=torch.int32, device=x.device)
     select(all_values, counts, K, final_out)
     return all_ids.gather(1, final_out.long())
 

@@ -1,5 +1,7 @@
 """The torch.library contract of every op: opcheck, torch.compile(fullgraph=True), argument checks."""
 
+import importlib
+
 import pytest
 import torch
 
@@ -7,6 +9,7 @@ import torch_sparse_decode as tsd
 from inputs import DEVICES
 from torch_sparse_decode.examples import one_rank_group
 from torch_sparse_decode import dcp
+from torch_sparse_decode.kernels import CUDA_KERNELS
 
 
 def op_cases(device):
@@ -205,12 +208,8 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize("op", sorted(__import__("torch_sparse_decode.kernels", fromlist=["CUDA_KERNELS"]).CUDA_KERNELS))
+@pytest.mark.parametrize("op", sorted(CUDA_KERNELS))
 def test_cuda_kernel_module_contract(op):
     """Each op's kernel module defines the op's function and ``warm`` (what warmup() calls on CUDA)."""
-    import importlib
-
-    from torch_sparse_decode.kernels import CUDA_KERNELS
-
     module = importlib.import_module(f"torch_sparse_decode.kernels.{CUDA_KERNELS[op]}")
     assert callable(getattr(module, op)) and callable(getattr(module, "warm"))
