@@ -25,6 +25,8 @@ whole exchange step over simulated ranks) bit for bit against the reference.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,7 +35,7 @@ from .. import reference
 from ..dcp_config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
-WORD_CHUNK = tl.constexpr(4096)  # bitmap words per step of the merge's scan
+WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
 MERGE_WARPS = 8  # warps per merge program (one row); bench_dcp.py times the alternatives
 
 
@@ -175,14 +177,24 @@ def _merge_keys(row, slots, j, rank, inside, W: tl.constexpr):
     return tl.where(word != 0, (word >> 16) & 0xFFFF, -1), local * W + rank
 
 
-@triton.jit
-def _popcount(x):
-    """Set bits of each 32-bit word (SWAR on the low 32 bits of an int64)."""
-    x = x.to(tl.int64) & 0xFFFFFFFF
-    x = x - ((x >> 1) & 0x55555555)
-    x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
-    x = (x + (x >> 4)) & 0x0F0F0F0F
-    return (((x * 0x01010101) >> 24) & 0xFF).to(tl.int32)
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter has no PTX: the same count in SWAR
+
+    @triton.jit
+    def _popcount(x):
+        """Set bits of each 32-bit word."""
+        x = x.to(tl.uint32, bitcast=True)
+        x = x - ((x >> 1) & 0x55555555)
+        x = (x & 0x33333333) + ((x >> 2) & 0x33333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F
+        return ((x * 0x01010101) >> 24).to(tl.int32, bitcast=True)
+
+else:
+
+    @triton.jit
+    def _popcount(x):
+        """Set bits of each 32-bit word (one popc instruction)."""
+        return tl.inline_asm_elementwise("popc.b32 $0, $1;", "=r,r", [x.to(tl.int32, bitcast=True)],
+                                         dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit
@@ -252,17 +264,18 @@ def _set_bits(k16, gid, t16, strict, ties):
 
 
 @triton.jit
-def _store_ranked(k16, gid, t16, ties, strict, tied, prefix, out):
-    """Each selected id at its rank among the selected: (S ids below it) + min(T ids below it, ties),
-    from its words' packed prefix counts and the bits below it."""
-    maybe = (k16 >= 0) & (k16 >= t16)
-    w = gid >> 5
+def _store_ranked(k16, gid, t16, ties, bits, prefix, start, out):
+    """Each selected id whose bitmap word is in the chunk at ``start`` at its rank among the
+    selected: (S ids below it) + min(T ids below it, ties), gathered from the chunk's words
+    (``bits`` = S | T << 32) and exclusive prefix counts (``prefix`` = S | T << 15)."""
+    w = (gid >> 5) - start
+    maybe = (k16 >= 0) & (k16 >= t16) & (w >= 0) & (w < bits.shape[0])
+    w = tl.where(maybe, w, 0)
+    words = tl.gather(bits, w, 0)
+    counts = tl.gather(prefix, w, 0)
     below = (1 << (gid & 31)) - 1
-    s_word = tl.load(strict + w, mask=maybe, other=0, cache_modifier=".cg")  # atomics land in L2
-    t_word = tl.load(tied + w, mask=maybe, other=0, cache_modifier=".cg")
-    counts = tl.load(prefix + w, mask=maybe, other=0)
-    s_rank = (counts & 0xFFFFFFFF).to(tl.int32) + _popcount(s_word & below)
-    t_rank = (counts >> 32).to(tl.int32) + _popcount(t_word & below)
+    s_rank = (counts & 0x7FFF) + _popcount(words.to(tl.int32) & below)
+    t_rank = ((counts >> 15) & 0x1FFFF) + _popcount((words >> 32).to(tl.int32) & below)
     chosen = maybe & ((k16 > t16) | (t_rank < ties))
     tl.store(out + s_rank + tl.minimum(t_rank, ties), gid, mask=chosen)
 
@@ -271,13 +284,14 @@ def _store_ranked(k16, gid, t16, ties, strict, tied, prefix, out):
 def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, out,
           W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, WORDS: tl.constexpr, REGS: tl.constexpr):
     """The selected global ids, ascending, into ``out``, whatever the slot order of the rows:
-    candidates at or above t16 set bits of S or T (zeroed up to the largest id), each word gets the
-    packed prefix counts of both, and each selected id lands at its rank."""
+    candidates at or above t16 set bits of S or T (scratch, all zero between calls), and per chunk
+    of words (one up to 2**17 global ids) the words are read back and cleared, scanned into packed
+    prefix counts, and each selected id of the chunk lands at its rank."""
     strict = scratch
     tied = scratch + WORDS
-    prefix = (scratch + 2 * WORDS).to(tl.pointer_type(tl.int64))
     if REGS:
         top = _top_id(k16, gid, t16)
+        _set_bits(k16, gid, t16, strict, tied)
     else:
         top = tl.zeros((), dtype=tl.int32)
         for r in range(W):
@@ -286,41 +300,31 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
                 j = start + tl.arange(0, CHUNK)
                 k, g = _merge_keys(base, slots, j, r, j < slots, W)
                 top = tl.maximum(top, _top_id(k, g, t16))
-    words = (top >> 5) + 1
-    for start in range(0, words, WORD_CHUNK):
-        w = start + tl.arange(0, WORD_CHUNK)
-        tl.store(strict + w, tl.zeros((WORD_CHUNK,), dtype=tl.int32), mask=w < words)
-        tl.store(tied + w, tl.zeros((WORD_CHUNK,), dtype=tl.int32), mask=w < words)
-    tl.debug_barrier()  # zeros land before any bit
-    if REGS:
-        _set_bits(k16, gid, t16, strict, tied)
-    else:
-        for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
-            for start in range(0, slots, CHUNK):
-                j = start + tl.arange(0, CHUNK)
-                k, g = _merge_keys(base, slots, j, r, j < slots, W)
                 _set_bits(k, g, t16, strict, tied)
     tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the counts
-    below = tl.zeros((), dtype=tl.int64)
-    for start in range(0, words, WORD_CHUNK):
-        w = start + tl.arange(0, WORD_CHUNK)
-        s_bits = tl.load(strict + w, mask=w < words, other=0, cache_modifier=".cg")
+    words = (top >> 5) + 1
+    below = tl.zeros((), dtype=tl.int32)
+    for first in range(0, words, WORD_CHUNK):
+        w = first + tl.arange(0, WORD_CHUNK)
+        s_bits = tl.load(strict + w, mask=w < words, other=0, cache_modifier=".cg")  # atomics land in L2
         t_bits = tl.load(tied + w, mask=w < words, other=0, cache_modifier=".cg")
-        counts = _popcount(s_bits).to(tl.int64) | (_popcount(t_bits).to(tl.int64) << 32)
+        tl.store(strict + w, tl.zeros_like(w), mask=w < words)  # zero again for the next call
+        tl.store(tied + w, tl.zeros_like(w), mask=w < words)
+        # S counts <= K < 2**15 in the low bits, T counts < 2**17 above (the sum may wrap: masked on read).
+        counts = _popcount(s_bits) + (_popcount(t_bits) << 15)
         inclusive = tl.cumsum(counts, 0)
-        tl.store(prefix + w, below + inclusive - counts, mask=w < words)
-        below += tl.max(inclusive)
-    tl.debug_barrier()  # prefix counts are in memory before the gathers
-    if REGS:
-        _store_ranked(k16, gid, t16, ties, strict, tied, prefix, out)
-    else:
-        for r in range(W):
-            base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
-            for start in range(0, slots, CHUNK):
-                j = start + tl.arange(0, CHUNK)
-                k, g = _merge_keys(base, slots, j, r, j < slots, W)
-                _store_ranked(k, g, t16, ties, strict, tied, prefix, out)
+        prefix = below + inclusive - counts
+        bits = (s_bits.to(tl.int64) & 0xFFFFFFFF) | (t_bits.to(tl.int64) << 32)
+        if REGS:
+            _store_ranked(k16, gid, t16, ties, bits, prefix, first, out)
+        else:
+            for r in range(W):
+                base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
+                for start in range(0, slots, CHUNK):
+                    j = start + tl.arange(0, CHUNK)
+                    k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                    _store_ranked(k, g, t16, ties, bits, prefix, first, out)
+        below += tl.sum(counts)
 
 
 @triton.jit
@@ -328,7 +332,7 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
                KP2: tl.constexpr, WORDS: tl.constexpr):
     """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
-    ``scratch`` = 4 * WORDS words, the outputs already offset to the row."""
+    ``scratch`` = 2 * WORDS words (zero), the outputs already offset to the row."""
     k16, gid = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2)
     nobody = tl.arange(0, WP2) < 0
     flat16 = tl.reshape(k16, (WP2 * NP2,))
@@ -445,7 +449,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
         return
     kp2 = triton.next_power_of_2(topk)
     bitmap_words = _bitmap_words(world_size)
-    scratch = torch.empty(rows, 4 * bitmap_words, dtype=torch.int32, device=gathered.device)
+    scratch = torch.zeros(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
     _dcp_merge[(rows,)](
         gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
@@ -536,7 +540,7 @@ class Workspace:
         # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
         # the merge's bitmap and prefix counts.
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
-        self.scratch = torch.empty(max_rows, 4 * _bitmap_words(world_size), dtype=torch.int32, device=device)
+        self.scratch = torch.zeros(max_rows, 2 * _bitmap_words(world_size), dtype=torch.int32, device=device)
 
     @staticmethod
     def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
