@@ -363,23 +363,26 @@ class RadixTopk:
             else:
                 self.count_digit(src, row, lo, hi, tiles, hist, 1, t, keys, tid)
             cute.arch.sync_threads()
-            for p in range(1, 3):
+            # ord16 keys (ord16 << 16) are whole after two digits: their last 10 bits are zero.
+            last = 1 if self.ord16 else 2
+            for p in range(1, last + 1):
                 digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
                 need = need - above
                 above_part = above_part + own
                 t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))  # DIGITS[p][0]
                 if p == 1:
-                    if kept <= CAP:
-                        for j in range(tid, kept, THREADS):
-                            key = buf_key[j]  # copied keys are live: only the prefix to check
-                            if (key >> Uint32(10)) == (t >> Uint32(10)):
-                                cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(key, 2)), Int32(1))
-                    else:
-                        self.count_digit(src, row, lo, hi, tiles, hist, 2, t, keys, tid)
-                    cute.arch.sync_threads()
+                    if cutlass.const_expr(last == 2):
+                        if kept <= CAP:
+                            for j in range(tid, kept, THREADS):
+                                key = buf_key[j]  # copied keys are live: only the prefix to check
+                                if (key >> Uint32(10)) == (t >> Uint32(10)):
+                                    cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(key, 2)), Int32(1))
+                        else:
+                            self.count_digit(src, row, lo, hi, tiles, hist, 2, t, keys, tid)
+                        cute.arch.sync_threads()
             take = need
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
-            mine_tied = hist[2 * BINS + digit_of(t, 2)]
+            mine_tied = hist[last * BINS + digit_of(t, last)]
 
         # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
         if tid == 0:
