@@ -218,7 +218,7 @@ def test_merge_of_our_own_packed_rows():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS + ("rounding_edges",))
 def test_pack_through_the_engine(kind, dtype):
-    """The GPU pack: the CuTe engine keyed by bf16 ord16 (every cluster size), then the B' rows."""
+    """The GPU pack: the CuTe engine keyed by bf16 ord16 (8 CTAs per row), then the B' rows."""
     world_size, topk = 2, 2048
     x = _rounding_edges().repeat(5, 3889) if kind == "rounding_edges" else scores(kind, (5, 70000), seed=7)
     x = x[:, :70000].to(dtype)

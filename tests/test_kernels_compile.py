@@ -43,3 +43,10 @@ def test_triton_kernels_compile_for_sm90():
     done = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "compiled" in done.stdout.splitlines()[-1]
+
+
+def test_cluster_size_keeps_every_row_in_one_wave():
+    """Clusters of 4 and 8 fit the H200's 132 SMs about half as often as 132 / S (one CTA per SM)."""
+    assert [topk.cluster_size(rows, 1 << 16, 132) for rows in (1, 8, 9, 16, 32, 64, 66, 67, 300)] == \
+        [8, 8, 4, 4, 2, 2, 2, 1, 1]
+    assert topk.cluster_size(1, 4096, 132) == 1 and topk.cluster_size(64, 1 << 14, 132) == 2

@@ -12,13 +12,20 @@ from inputs import KINDS, poisoned, scores
 pytestmark = pytest.mark.gpu
 topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="CuTe DSL / Triton not installed")
 
-# Widths whose cluster sizes are 1, 2, 4 and 8 CTAs per row (for a few rows).
+# Widths whose cluster sizes are 1, 2, 4 and 8 CTAs per row, for ROWS rows per call.
 WIDTHS = [6000, 12000, 30000, 300000]
+ROWS = 6
 
 
-def run_tokens(x, lengths, k):
+def cluster_size(rows: int, width: int) -> int:
+    return topk.cluster_size(rows, width, topk.sm_count(torch.device("cuda", torch.cuda.current_device())))
+
+
+def run_tokens(x, lengths, k, rows_per_call=None):
     out = poisoned((x.shape[0], k), torch.int32, "cuda")
-    tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out)
+    step = rows_per_call or max(x.shape[0], 1)
+    for a in range(0, x.shape[0], step):
+        tsd.indexer_topk(x[a:a + step].cuda(), lengths[a:a + step].cuda(), k, out=out[a:a + step])
     return out.cpu()
 
 
@@ -30,14 +37,14 @@ def run_blocks(x, ends, block_size, k):
 
 def span_edges(width: int, k: int) -> list[int]:
     """Lengths at the edges of the CTA spans and of the streamed tiles, plus the usual ones."""
-    ranks = topk.cluster_size(12, width)
+    ranks = cluster_size(ROWS, width)
     edges = [0, 1, k - 1, k, k + 1, width, width - 1, ranks * k, ranks * k + 1]
     edges += [ranks * topk.TILE, ranks * topk.TILE + 1, ranks * 3 * topk.TILE - 1, ranks * 5 * topk.TILE + 7]
     return sorted({min(max(v, 0), width) for v in edges})[:12]
 
 
 def test_cluster_sizes_cover_one_to_eight():
-    assert [topk.cluster_size(12, w) for w in WIDTHS] == [1, 2, 4, 8]
+    assert [cluster_size(ROWS, w) for w in WIDTHS] == [1, 2, 4, 8]
 
 
 @pytest.mark.parametrize("width", WIDTHS)
@@ -46,7 +53,7 @@ def test_tokens_every_kind_every_cluster_size(width, kind):
     k = 2048
     lengths = torch.tensor(span_edges(width, k), dtype=torch.int32)
     x = scores(kind, (lengths.numel(), width), seed=width % 97)
-    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+    assert torch.equal(run_tokens(x, lengths, k, ROWS), oracle.topk_tokens(x, lengths, k))
 
 
 @pytest.mark.parametrize("k", [1, 2, 511, 1024, 4095, 4096])

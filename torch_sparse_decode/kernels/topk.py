@@ -488,12 +488,24 @@ def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) ->
 # ------------------------------------------------------------------------------- launching
 
 
-def cluster_size(rows: int, keys_per_row: int) -> int:
-    """CTAs per row: one per 8K keys up to 8, fewer once the rows give every SM two CTAs."""
+def cluster_size(rows: int, keys_per_row: int, sms: int) -> int:
+    """CTAs per row: one per 8K keys up to 8, while every row's cluster fits the GPU at once.
+
+    The engine's registers (over 64 per thread) leave room for one 512-thread CTA per SM, and a
+    cluster must sit in one GPC, so clusters of 4 and 8 fit about half as often as ``sms / S``
+    (H200, measured: 32 rows x 4 CTAs and 64 x 8 ran in two waves, 64 x 2 and 8 x 8 in one)."""
     ranks = 1
-    while ranks < MAX_CLUSTER and ranks * SPAN_PER_CTA < keys_per_row and rows * ranks < 264:
-        ranks *= 2
+    while ranks < MAX_CLUSTER and ranks * SPAN_PER_CTA < keys_per_row:
+        wider = 2 * ranks
+        if rows * wider > (sms if wider <= 2 else sms // 2):
+            break
+        ranks = wider
     return ranks
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @functools.lru_cache(maxsize=None)
@@ -516,7 +528,7 @@ def _select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_s
     rows = out.shape[0]
     if rows == 0:
         return
-    ranks = cluster_size(rows, src.shape[1])
+    ranks = cluster_size(rows, src.shape[1], sm_count(src.device))
     compiled(src.dtype, pinned, ranks, ord16)(src, lengths, cols, block, k_sel, out)
 
 
