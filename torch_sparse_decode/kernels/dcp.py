@@ -62,10 +62,12 @@ def _peer(peers, r):
 
 
 @triton.jit
-def _plane_words(bits, SLOTS: tl.constexpr):
-    """Bit planes of ``SLOTS`` (a multiple of 32) per-slot bits: word p holds slots 32p..32p+31."""
-    lanes = tl.reshape(bits, (SLOTS // 32, 32)) << tl.arange(0, 32)[None, :]
-    return tl.sum(lanes, axis=1)  # distinct bits: the sum is the OR
+def _high_planes(first, end, planes):
+    """Plane words of B' slots whose local id has bit 16 set, given that these are the slots in
+    [first, end) (ids ascend, so they come last): word p holds slots 32p..32p+31."""
+    lo = tl.minimum(tl.maximum(first - 32 * planes, 0), 32).to(tl.int64)
+    hi = tl.minimum(tl.maximum(end - 32 * planes, 0), 32).to(tl.int64)
+    return ((1 << hi) - (1 << lo)).to(tl.int32)  # bits lo..hi-1 (the cast keeps the low 32 bits)
 
 
 @triton.jit
@@ -95,6 +97,14 @@ def _byte_of_kth(hist, need, above):
 
 
 @triton.jit
+def _store_packed(out, pos, word, take, slot, need, planes, plane_words, N: tl.constexpr):
+    """A packed B' row: the taken words at their positions, zero slots after ``need``, the planes."""
+    tl.store(out + pos, word, mask=take)
+    tl.store(out + slot, tl.zeros_like(slot), mask=(slot >= need) & (slot < N))
+    tl.store(out + N + planes, plane_words, mask=planes < N // 32)
+
+
+@triton.jit
 def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
@@ -117,10 +127,11 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     live = local >= 0
     ord16 = _ord16(tl.load(scores + row * scores_stride + local, mask=live, other=0.0))
     word = tl.where(live, (ord16 << 16) | (0xFFFF - (local & 0xFFFF)), 0)
-    high = tl.where(live, (local >> 16) & 1, 0)
+    low = local < (1 << 16)  # bit 16 clear (the plane bit)
     planes = tl.arange(0, SLOTS // 32)
     tl.store(rescue + row * rescue_stride + slot, word, mask=slot < R)
-    tl.store(rescue + row * rescue_stride + R + planes, _plane_words(high, SLOTS), mask=planes < R // 32)
+    rescue_planes = _high_planes(tl.sum((live & low).to(tl.int32)), tl.sum(live.to(tl.int32)), planes)
+    tl.store(rescue + row * rescue_stride + R + planes, rescue_planes, mask=planes < R // 32)
 
     # The best N: ord16's threshold digit by digit (two 8-bit radix digits), then the ties in row order.
     key16 = tl.where(live, ord16, -1)
@@ -133,21 +144,14 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     ties = live & (ord16 == t16)
     take = live & ((ord16 > t16) | (ties & (tl.cumsum(ties.to(tl.int32), 0) <= rest)))
     pos = tl.cumsum(take.to(tl.int32), 0) - 1
-    out = packed + row * packed_stride
-    tl.store(out + pos, word, mask=take)
-    tl.store(out + slot, tl.zeros_like(slot), mask=(slot >= need) & (slot < N))
-    tl.store(out + N + planes, tl.zeros_like(planes), mask=planes < N // 32)
-    tl.debug_barrier()  # the plane words are zero before any bit lands in them
-    tl.atomic_or(out + N + pos // 32, high << (pos % 32), mask=take & (high != 0), sem="relaxed")
-    if EXCHANGE:
-        tl.debug_barrier()  # the whole row is in memory before it is read back
-        words = tl.arange(0, SLOTS)  # a packed row (N + N/32 words) fits: N < K <= SLOTS
-        inside = words < N + N // 32
-        packed_row = tl.load(out + words, mask=inside, cache_modifier=".cg")  # the plane atomics land in L2
-        at = push_offset + parity * parity_packed + row * packed_stride
+    packed_planes = _high_planes(tl.sum((take & low).to(tl.int32)), need, planes)
+    row_at = row * packed_stride
+    _store_packed(packed + row_at, pos, word, take, slot, need, planes, packed_planes, N)
+    if EXCHANGE:  # the same stores into every peer's buffer, then one release per peer
+        at = push_offset + parity * parity_packed + row_at
         for q in range(W):
             if q != rank:
-                tl.store(_peer(peers, q) + at + words, packed_row, mask=inside)
+                _store_packed(_peer(peers, q) + at, pos, word, take, slot, need, planes, packed_planes, N)
         tl.debug_barrier()  # every thread's stores precede the release below
         want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
         for q in range(W):
