@@ -21,6 +21,30 @@ def test_config_helpers_match_the_seed():
     assert not dcp.dcp_topk_merge_fits(1, 2048, 999)
 
 
+def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
+    """Two groups set up with the same (K, N) and different max_rows: each keeps its own bound,
+    the group-less answer is the smallest, and the CUDA op takes the one-round step exactly when
+    the public helper says its group fits (and the local length is <= 2**17)."""
+    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+    monkeypatch.setitem(dcp._ONE_ROUND, ("a", 2048), (1536, 8))
+    monkeypatch.setitem(dcp._ONE_ROUND, ("b", 2048), (1536, 32))
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536) == 8
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "b") == 32 and dcp.dcp_topk_merge_fits(32, 2048, 1536, "b")
+    assert not dcp.dcp_topk_merge_fits(9, 2048, 1536, "a") and not dcp.dcp_topk_merge_fits(9, 2048, 1536)
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "c") == 0
+
+    class Workspace:
+        local_topk = 1536
+
+    taken = []
+    monkeypatch.setattr(kernels, "WORKSPACES", {("a", 2048): Workspace(), ("b", 2048): Workspace()})
+    monkeypatch.setattr(kernels, "one_round_step", lambda *args: taken.append("one-round"))
+    monkeypatch.setattr(kernels.reference, "dcp_topk_merge", lambda *args: taken.append("generic"))
+    for name, rows, width in (("a", 8, 64), ("a", 9, 64), ("b", 9, 64), ("b", 9, (1 << 17) + 1), ("c", 1, 64)):
+        kernels.dcp_topk_merge(torch.zeros(rows, width), None, 2048, name, None, None, None)
+    assert taken == ["one-round", "generic", "one-round", "generic", "generic"]
+
+
 def _u32(x: int) -> int:
     return x & 0xFFFFFFFF
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from . import ops  # noqa: F401  (registers the ops)
 from .reference import all_gather_rows as _all_gather
 from .dcp_config import (
-    _MERGE_MAX_ROWS,
+    _ONE_ROUND,
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
     dcp_merge_local_topk,
@@ -215,7 +215,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         device = torch.device("cuda", torch.cuda.current_device())
         kernels.WORKSPACES[(name, topk)] = kernels.make_workspace(
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s)
-        _MERGE_MAX_ROWS[(topk, local_topk)] = max_rows
+        _ONE_ROUND[(name, topk)] = (local_topk, max_rows)
         # Steps in lockstep on every rank: compile the kernels (both score dtypes: no compile may
         # happen inside a graph capture) and prove the exchange.
         for dtype in (torch.float32, torch.bfloat16):

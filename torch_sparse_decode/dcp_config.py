@@ -16,8 +16,8 @@ MAX_WORLD_SIZE = 16
 LOCAL_INDEX_BITS = 17
 _WARP = 32
 
-# (topk, local_topk) -> rows that one merge call may hold; filled by init_dcp_topk_merge.
-_MERGE_MAX_ROWS: dict[tuple[int, int], int] = {}
+# (group name, topk) -> (local_topk, max_rows) of each group set up by init_dcp_topk_merge.
+_ONE_ROUND: dict[tuple[str, int], tuple[int, int]] = {}
 
 
 def dcp_merge_local_topk(topk: int, world_size: int) -> int:
@@ -42,14 +42,20 @@ def rescue_slots(topk: int, local_topk: int) -> int:
     return (topk - 1) // local_topk
 
 
-def dcp_topk_merge_max_rows(topk: int, local_topk: int) -> int:
-    """Rows one merge call may hold (0 when the merge was not initialized for this pair)."""
-    return _MERGE_MAX_ROWS.get((topk, local_topk), 0)
+def dcp_topk_merge_max_rows(topk: int, local_topk: int, group=None) -> int:
+    """Rows one merge call may hold: ``group``'s (a process group or its name) ``max_rows``, or
+    without it the smallest over every group set up with this (topk, local_topk), so that a step
+    that fits fits on each of them. 0 when no such group was set up."""
+    name = getattr(group, "group_name", group)
+    rows = [m for (g, k), (n, m) in _ONE_ROUND.items() if k == topk and n == local_topk and name in (None, g)]
+    return min(rows, default=0)
 
 
-def dcp_topk_merge_fits(num_rows: int, topk: int, local_topk: int) -> bool:
-    """Whether a step of ``num_rows`` rows takes the one-round merge (the same on every rank)."""
-    return local_topk > 0 and num_rows <= dcp_topk_merge_max_rows(topk, local_topk)
+def dcp_topk_merge_fits(num_rows: int, topk: int, local_topk: int, group=None) -> bool:
+    """Whether a step of ``num_rows`` rows takes the one-round merge (the same on every rank of
+    the group; the step's local length must also be <= 2**17). ``group`` as for
+    ``dcp_topk_merge_max_rows``: the kernel asks with its group's name."""
+    return local_topk > 0 and num_rows <= dcp_topk_merge_max_rows(topk, local_topk, group)
 
 
 def rescue_row_slots(topk: int) -> int:

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import reference
-from ..dcp_config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots
+from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
@@ -525,7 +525,7 @@ def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, loc
     a workspace and the step fits it (a shape test, the same on every rank), else the generic merge."""
     ws = WORKSPACES.get((group_name, topk))
     rows, width = scores.shape
-    if ws is not None and rows <= ws.max_rows and width <= 1 << LOCAL_INDEX_BITS:
+    if ws is not None and dcp_topk_merge_fits(rows, topk, ws.local_topk, group_name) and width <= 1 << LOCAL_INDEX_BITS:
         one_round_step(ws, scores, lengths, global_ids, local_ids, local_count)
     else:
         reference.dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count)
