@@ -235,6 +235,13 @@ def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.co
 
 
 @triton.jit
+def _chunk_keys(base, slots, start, r, W: tl.constexpr):
+    """(ord16, global id) of rank r's candidate slots start .. start + CHUNK - 1 (``_merge_keys``)."""
+    j = start + tl.arange(0, CHUNK)
+    return _merge_keys(base, slots, j, r, j < slots, W)
+
+
+@triton.jit
 def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, SHIFT: tl.constexpr,
                       W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
     """``_ge_counts`` over the row's candidates (SHIFT < 0: the live ones): ``k16`` (REGS), else
@@ -246,8 +253,7 @@ def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, S
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
-                j = start + tl.arange(0, CHUNK)
-                keys = _merge_keys(base, slots, j, r, j < slots, W)[0]
+                keys = _chunk_keys(base, slots, start, r, W)[0]
                 counts += _live_or_ge_counts(keys, t16, SHIFT)
     return counts
 
@@ -323,8 +329,7 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
-                j = start + tl.arange(0, CHUNK)
-                k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                k, g = _chunk_keys(base, slots, start, r, W)
                 top = tl.maximum(top, _top_id(k, g, t16))
                 _set_bits(k, g, t16, strict, tied)
     tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the counts
@@ -347,8 +352,7 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
             for r in range(W):
                 base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
                 for start in range(0, slots, CHUNK):
-                    j = start + tl.arange(0, CHUNK)
-                    k, g = _merge_keys(base, slots, j, r, j < slots, W)
+                    k, g = _chunk_keys(base, slots, start, r, W)
                     _store_ranked(k, g, t16, ties, bits, prefix, first, out)
         below += tl.sum(counts)
 
