@@ -170,7 +170,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
 # --------------------------------------------------------------------------------- merge
 #
 # A row's selection is "every candidate with ord16 > t16, and the `ties` lowest global ids among
-# those with ord16 == t16": two byte passes find t16 (the ord16 of the K-th candidate); the
+# those with ord16 == t16": eight counting steps find t16 (the ord16 of the K-th candidate); the
 # global-id tie break and the ascending output both come from two bitmaps over global ids
 # (S: ord16 > t16, T: ord16 == t16) and one scan of their packed popcounts. A selected id's slot
 # is (S ids below it) + min(T ids below it, ties). Few block-wide steps: the merge is latency bound.
