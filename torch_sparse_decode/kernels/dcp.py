@@ -260,6 +260,7 @@ def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, S
 
 @triton.jit
 def _live_or_ge_counts(k16, t16, SHIFT: tl.constexpr):
+    """``_ge_counts``, or (SHIFT < 0) the number of keys (the threshold's first step)."""
     if SHIFT >= 0:
         counts = _ge_counts(k16, t16, SHIFT)
     else:
