@@ -153,8 +153,10 @@ def test_generic_takes_local_lengths_beyond_the_packed_limit():
         dcp.pack_candidates(x[0], lengths[0], 2, 0, 64)
 
 
-def test_init_rejects_bad_arguments_before_any_collective():
+def test_init_rejects_bad_arguments():
     one_rank_group()  # a one-rank group to call init on
+    with pytest.raises(ValueError, match="max_local_len must be None or a positive int"):
+        dcp.init_dcp_topk_merge(None, 2000, 8, max_local_len=0)
     with pytest.raises(ValueError, match="max_rows must be an int in"):
         dcp.init_dcp_topk_merge(None, 2000, 0)
     with pytest.raises(ValueError, match="max_rows must be an int in"):

@@ -27,8 +27,8 @@ def _body(rank: int, world_size: int, group) -> None:
     assert dcp.init_dcp_topk_merge(group, 2048, max_rows=64) == 0
     assert dcp.init_dcp_topk_merge(group, 2048, max_rows=64) == 0  # idempotent
     # The agreement is a MIN over ranks: one rank without support turns it off for all.
-    assert dcp._agree(True, group) is True
-    assert dcp._agree(rank != world_size - 1, group) is False
+    assert dcp._agree(group, True) is True
+    assert dcp._agree(group, rank != world_size - 1) is False
     for name, topk, x, lengths, most in _cases(world_size):
         if most is not None:
             assert count_saturated(world_size, topk, x, lengths).max().item() == most, name
@@ -61,3 +61,20 @@ def _fail_on_last(rank: int, world_size: int, group) -> None:
 def test_a_failing_rank_fails_the_test():
     with pytest.raises(AssertionError, match=r"ranks \[1\] of 2"):
         run_ranks(_fail_on_last, 2, "gloo", timeout_s=120)
+
+
+def _divergent_arguments(rank: int, world_size: int, group) -> None:
+    """Arguments that differ between ranks, or are bad on one rank, raise on every rank (no rank
+    is left waiting in the agreement's all-reduce)."""
+    with pytest.raises(ValueError, match="max_rows must be the same on every rank"):
+        dcp.init_dcp_topk_merge(group, 2048, max_rows=8 + rank)
+    with pytest.raises(ValueError, match="max_local_len must be the same on every rank"):
+        dcp.init_dcp_topk_merge(group, 2048, max_rows=8, max_local_len=None if rank else 4096)
+    want = "max_rows must be an int in" if rank == 1 else "another rank of the group got invalid arguments"
+    with pytest.raises(ValueError, match=want):
+        dcp.init_dcp_topk_merge(group, 2048, max_rows=0 if rank == 1 else 8)
+    assert dcp.init_dcp_topk_merge(group, 2048, max_rows=8, max_local_len=4096) == 0  # then a good call agrees
+
+
+def test_divergent_arguments_raise_on_every_rank():
+    run_ranks(_divergent_arguments, 3, "gloo")

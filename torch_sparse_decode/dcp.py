@@ -177,19 +177,49 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
     return True, ""
 
 
-def _agree(supported: bool, group) -> bool:
-    """One all-reduce (MIN) over the group: the one-round merge only if every rank has it."""
-    flag = torch.tensor([1 if supported else 0], dtype=torch.int32, device=_group_device(group))
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
-    return bool(flag.item())
+def _argument_error(max_rows, max_local_len, timeout_s) -> str:
+    """What is wrong with this rank's arguments to ``init_dcp_topk_merge``, or ''."""
+    if not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
+        return f"max_rows must be an int in [1, {ops.TOPK_MAX_ROWS}], got {max_rows!r}"
+    if max_local_len is not None and (not isinstance(max_local_len, int) or max_local_len < 1):
+        return f"max_local_len must be None or a positive int, got {max_local_len!r}"
+    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+        return f"timeout_s must be a positive number of seconds, got {timeout_s!r}"
+    return ""
+
+
+def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local_len: int | None = None) -> bool:
+    """One all-reduce (MIN) over the group: the one-round merge only if every rank has it.
+
+    It also carries each rank's argument check and the range of ``max_rows`` and
+    ``max_local_len`` over the ranks, so that a bad or mismatched argument on any rank raises on
+    every rank (naming it) instead of leaving the others waiting in a collective. (Mismatched
+    sizes would also place the peers' pushes wrongly in the symmetric buffers.)"""
+    length = -1 if max_local_len is None else max_local_len
+    rows = 1 if error else max_rows
+    mine = [int(supported and not error), int(not error), rows, -rows, length, -length]
+    reduced = torch.tensor(mine, dtype=torch.int64, device=_group_device(group))
+    dist.all_reduce(reduced, op=dist.ReduceOp.MIN, group=group)
+    everyone, valid, rows_lo, rows_hi, length_lo, length_hi = reduced.tolist()
+    if error:
+        raise ValueError(error)
+    if not valid:
+        raise ValueError("init_dcp_topk_merge: another rank of the group got invalid arguments (its error names them)")
+    if rows_lo != -rows_hi:
+        raise ValueError(f"max_rows must be the same on every rank of the group, got {rows_lo} to {-rows_hi}")
+    if length_lo != -length_hi:
+        shown = ["None" if v < 0 else str(v) for v in (length_lo, -length_hi)]
+        raise ValueError(f"max_local_len must be the same on every rank of the group, got {shown[0]} and {shown[1]}")
+    return bool(everyone)
 
 
 def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int | None = None,
                         timeout_s: float = 30.0) -> int:
     """Set up the one-round merge for ``group``; return its N, or 0 to keep the generic merge.
 
-    Collective: every rank calls it, in the same order, before any CUDA graph capture. The ranks
-    agree with one all-reduce; if any rank cannot have the one-round merge (W = 1 or > 16, not a
+    Collective: every rank calls it, in the same order, with the same arguments, before any CUDA
+    graph capture. The ranks agree with one all-reduce: an invalid or mismatched argument on any
+    rank raises ValueError on every rank, naming it; if any rank cannot have the one-round merge (W = 1 or > 16, not a
     CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank returns 0: fail closed,
     never lossy. Then the symmetric-memory workspace for ``max_rows`` rows is allocated and
     rendezvoused (a failure there is fatal, as for any collective) and one step runs to compile
@@ -201,12 +231,9 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     name = group.group_name
     if (name, topk) in _INIT:
         return _INIT[(name, topk)]
-    if not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
-        raise ValueError(f"max_rows must be an int in [1, {ops.TOPK_MAX_ROWS}], got {max_rows!r}")
-    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
-    supported, why = _local_support(group, topk, max_local_len)
-    agreed = _agree(supported, group)
+    error = _argument_error(max_rows, max_local_len, timeout_s)
+    supported, why = _local_support(group, topk, max_local_len) if not error else (False, error)
+    agreed = _agree(group, supported, error, max_rows, max_local_len)
     world_size = dist.get_world_size(group)
     local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
     if local_topk:
