@@ -6,6 +6,8 @@ are the names of the references (``reference.py``) and of the kernels (``kernels
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import reference
@@ -51,6 +53,8 @@ def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weigh
     check_scalar(renormalize, "renormalize", bool)
     check_scalar(apply_sigmoid, "apply_sigmoid", bool)
     check_scalar(scale, "scale", float)
+    if isinstance(scale, (int, float)) and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
     check_tensor(weights, "weights", dtypes=_FLOAT, ndim=2)
     check_shape(weights, "weights", (tokens, topk))
     check_tensor(ids, "ids", dtypes=_INT32, ndim=2)
