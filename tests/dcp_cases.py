@@ -43,9 +43,14 @@ def count_saturated(world_size, topk, scores_, lengths) -> torch.Tensor:
     return reference.saturated_ranks(torch.stack(packed), topk)[1].sum(dim=0)
 
 
+def reorder_slots(rows: torch.Tensor, slots: int, order: torch.Tensor) -> torch.Tensor:
+    """The same B' rows with new slot j holding old slot ``order[..., j]`` (broadcast over rows)."""
+    ord16, local, live = reference.decode_b_prime(rows, slots)
+    order = order.expand_as(local)
+    flat = [t.gather(-1, order).reshape(-1, slots) for t in (ord16, local, live)]
+    return reference._encode_b_prime(*flat, slots).view(rows.shape)
+
+
 def shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
     """The same B' rows with their slots permuted (the layout allows any order)."""
-    ord16, local, live = reference.decode_b_prime(rows, slots)
-    perm = torch.randperm(slots, generator=torch.Generator().manual_seed(seed))
-    flat = [t.reshape(-1, slots)[:, perm] for t in (ord16, local, live)]
-    return reference._encode_b_prime(*flat, slots).view(rows.shape)
+    return reorder_slots(rows, slots, torch.randperm(slots, generator=torch.Generator().manual_seed(seed)))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import oracle
-from dcp_cases import mixed, saturating, shuffled
+from dcp_cases import mixed, reorder_slots, saturating, shuffled
 from inputs import KINDS, scores
 from torch_sparse_decode import dcp, reference
 
@@ -45,10 +45,8 @@ def _ascending_local_topk(x: torch.Tensor, lengths: torch.Tensor, topk: int) -> 
 
 def _canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
     """The same B' rows with live slots in ascending local id, then empty slots (our kernels' order)."""
-    ord16, local, live = reference.decode_b_prime(rows, slots)
-    order = torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices
-    flat = [t.gather(-1, order).reshape(-1, slots) for t in (ord16, local, live)]
-    return reference._encode_b_prime(*flat, slots).view(rows.shape)
+    _, local, live = reference.decode_b_prime(rows, slots)
+    return reorder_slots(rows, slots, torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices)
 
 
 def _pack(x, lengths, world_size, rank, topk):
