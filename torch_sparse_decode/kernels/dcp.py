@@ -536,7 +536,6 @@ def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, loc
         reference.dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count)
 
 
-
 class Workspace:
     """One DCP group's one-round state for one topk, built collectively by ``make_workspace``.
 
