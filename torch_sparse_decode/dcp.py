@@ -223,9 +223,9 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     (W = 1 or > 16, not a CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank
     returns 0: fail closed, never lossy. Then the symmetric-memory workspace for ``max_rows`` rows
     is allocated and rendezvoused (a failure there is fatal, as for any collective) and one step
-    runs to compile the kernels. A step whose wait for a peer exceeds ``timeout_s`` writes no ids and records an
-    error that ``dcp_topk_merge_check`` raises. Calling it again for the same group and topk
-    returns the agreed value.
+    runs to compile the kernels. A step whose wait for a peer exceeds ``timeout_s`` writes no ids
+    and records an error that ``dcp_topk_merge_check`` raises. Calling it again for the same group
+    and topk returns the agreed value.
     """
     group = group if group is not None else dist.group.WORLD
     name = group.group_name
