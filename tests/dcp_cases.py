@@ -46,7 +46,7 @@ def count_saturated(world_size, topk, scores_, lengths) -> torch.Tensor:
 def reorder_slots(rows: torch.Tensor, slots: int, order: torch.Tensor) -> torch.Tensor:
     """The same B' rows with new slot j holding old slot ``order[..., j]`` (broadcast over rows)."""
     ord16, local, live = reference.decode_b_prime(rows, slots)
-    order = order.expand_as(local)
+    order = order.to(local.device).expand_as(local)  # a CPU permutation may reorder CUDA rows
     flat = [t.gather(-1, order).reshape(-1, slots) for t in (ord16, local, live)]
     return reference._encode_b_prime(*flat, slots).view(rows.shape)
 
