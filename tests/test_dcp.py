@@ -24,7 +24,7 @@ def test_config_helpers_match_the_seed():
 def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
     """Two groups set up with the same (K, N) and different max_rows: each keeps its own bound,
     the group-less answer is the smallest, and the CUDA op takes the one-round step exactly when
-    the public helper says its group fits (and the local length is <= 2**17)."""
+    the public helper says its group fits and the local width is within the group's max_local_len."""
     kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
     monkeypatch.setitem(dcp._ONE_ROUND, ("a", 2048), (1536, 8))
     monkeypatch.setitem(dcp._ONE_ROUND, ("b", 2048), (1536, 32))
@@ -34,15 +34,18 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
     assert dcp.dcp_topk_merge_max_rows(2048, 1536, "c") == 0
 
     class Workspace:
-        local_topk = 1536
+        def __init__(self, max_local_len):
+            self.local_topk, self.max_local_len = 1536, max_local_len
 
     taken = []
-    monkeypatch.setattr(kernels, "WORKSPACES", {("a", 2048): Workspace(), ("b", 2048): Workspace()})
+    monkeypatch.setattr(kernels, "WORKSPACES", {("a", 2048): Workspace(1 << 17), ("b", 2048): Workspace(4096)})
     monkeypatch.setattr(kernels, "one_round_step", lambda *args: taken.append("one-round"))
     monkeypatch.setattr(kernels.reference, "dcp_topk_merge", lambda *args: taken.append("generic"))
-    for name, rows, width in (("a", 8, 64), ("a", 9, 64), ("b", 9, 64), ("b", 9, (1 << 17) + 1), ("c", 1, 64)):
+    steps = (("a", 8, 64), ("a", 9, 64), ("a", 8, 1 << 17), ("a", 8, (1 << 17) + 1), ("b", 9, 4096), ("b", 9, 4097),
+             ("c", 1, 64))
+    for name, rows, width in steps:
         kernels.dcp_topk_merge(torch.zeros(rows, width), None, 2048, name, None, None, None)
-    assert taken == ["one-round", "generic", "one-round", "generic", "generic"]
+    assert taken == ["one-round", "generic", "one-round", "generic", "one-round", "generic", "generic"]
 
 
 def _u32(x: int) -> int:

@@ -231,14 +231,15 @@ def test_pack_through_the_engine(kind, dtype):
     assert torch.equal(rescue.cpu(), _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))
 
 
-def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float = 5.0) -> list:
+def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float = 5.0,
+                     max_local_len: int = 1 << 17) -> list:
     """W ranks' workspaces in one process: each rank's buffer a plain tensor, reached by address."""
     n = dcp.dcp_merge_local_topk(topk, world_size)
     words = kernels.Workspace.words(world_size, topk, n, max_rows)
     buffers = [torch.zeros(words, dtype=torch.int32, device=DEVICE) for _ in range(world_size)]
     addresses = [b.data_ptr() for b in buffers]
-    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s)
-            for r in range(world_size)]
+    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s,
+                              max_local_len=max_local_len) for r in range(world_size)]
 
 
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
@@ -246,8 +247,10 @@ def test_exchange_step_over_simulated_ranks(world_size, topk):
     """The symmetric-memory step (push into every rank's buffer + flags, then wait + merge + step
     advance) with W ranks in one process: every rank pushes, then every rank merges. Four steps
     walk both parities with new inputs (saturating rows, then every-kind rows of other lengths)."""
-    group = _simulated_group(world_size, topk, max_rows=4)
     n = dcp.dcp_merge_local_topk(topk, world_size)
+    widest = max(topk, 2 * n, 600 - 77) + 77 + 2  # the bitmaps sized to the widest step below, not to 2**17
+    group = _simulated_group(world_size, topk, max_rows=4, max_local_len=widest)
+    assert group[0].bitmap_words == -(-world_size * widest // 32)
     for step in range(4):
         if step % 2 == 0:
             x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77 + step, seed=step)

@@ -56,18 +56,29 @@ def _one_round_body(rank: int, world_size: int, group) -> None:
     assert n == dcp.dcp_merge_local_topk(K, world_size) == 1536
     step = lambda x, lengths: dcp.dcp_topk_merge(x, lengths, K, group)  # noqa: E731
 
-    # Eager, every kind, T in {1, 8, 32}; the NCCL transport on the same inputs.
+    # Eager, every kind, T in {1, 8, 32}; the NCCL transport on the same inputs. The workspace's
+    # step sequence counts the steps that took the one-round path.
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    sequence = kernels.WORKSPACES[(group.group_name, K)].state
+    before, steps = sequence[0].item(), 0
     for rows in (1, 8, 32):
         for name, (x, lengths) in _cases(world_size, rows):
             mine = x[rank].cuda(), lengths[rank].cuda()
             _expect(step(*mine), x, lengths, rank, f"{name} T={rows}")
             _expect(dcp.dcp_topk_merge(*mine, K, group, local_topk=n), x, lengths, rank, f"{name} nccl T={rows}")
+            steps += 1
     dcp.dcp_topk_merge_check(group)
+    assert sequence[0].item() - before == steps, "an eager step did not take the one-round path"
 
-    # Rows beyond the workspace take the generic merge (the same decision on every rank).
+    # Rows beyond the workspace, and rows wider than max_local_len, take the generic merge (the
+    # same decision on every rank).
     x, lengths = mixed(world_size, 3000, seed=5, kind="random")
     x, lengths = x.repeat(1, 9, 1), lengths.repeat(1, 9)  # 36 rows > max_rows
     _expect(step(x[rank].cuda(), lengths[rank].cuda()), x, lengths, rank, "beyond max_rows")
+    x, lengths = mixed(world_size, (1 << 16) + 1, seed=6, kind="random")
+    _expect(step(x[rank].cuda(), lengths[rank].cuda()), x, lengths, rank, "beyond max_local_len")
+    assert sequence[0].item() - before == steps, "a step that does not fit took the one-round path"
 
     # One captured step replayed over changing inputs.
     static_x = torch.zeros(8, 65536, device="cuda")

@@ -223,9 +223,11 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     (W = 1 or > 16, not a CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank
     returns 0: fail closed, never lossy. Then the symmetric-memory workspace for ``max_rows`` rows
     is allocated and rendezvoused (a failure there is fatal, as for any collective) and one step
-    runs to compile the kernels. A step whose wait for a peer exceeds ``timeout_s`` writes no ids
-    and records an error that ``dcp_topk_merge_check`` raises. Calling it again for the same group
-    and topk returns the agreed value.
+    runs to compile the kernels. Steps of up to ``max_rows`` rows and ``max_local_len`` local
+    tokens (default 2**17; the merge's scratch grows with it) take the one-round merge. A step
+    whose wait for a peer exceeds ``timeout_s`` writes no ids and records an error that
+    ``dcp_topk_merge_check`` raises. Calling it again for the same group and topk
+    returns the agreed value.
     """
     group = group if group is not None else dist.group.WORLD
     name = group.group_name
@@ -241,7 +243,8 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
 
         device = torch.device("cuda", torch.cuda.current_device())
         kernels.WORKSPACES[(name, topk)] = kernels.make_workspace(
-            name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s)
+            name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s,
+            max_local_len or 1 << LOCAL_INDEX_BITS)
         _ONE_ROUND[(name, topk)] = (local_topk, max_rows)
         # Steps in lockstep on every rank: compile the kernels (both score dtypes: no compile may
         # happen inside a graph capture) and prove the exchange.

@@ -530,7 +530,7 @@ def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, loc
     a workspace and the step fits it (a shape test, the same on every rank), else the generic merge."""
     ws = WORKSPACES.get((group_name, topk))
     rows, width = scores.shape
-    if ws is not None and dcp_topk_merge_fits(rows, topk, ws.local_topk, group_name) and width <= 1 << LOCAL_INDEX_BITS:
+    if ws is not None and dcp_topk_merge_fits(rows, topk, ws.local_topk, group_name) and width <= ws.max_local_len:
         one_round_step(ws, scores, lengths, global_ids, local_ids, local_count)
     else:
         reference.dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count)
@@ -547,7 +547,8 @@ class Workspace:
     advance the sequence, so CUDA graph replays walk the parities too."""
 
     def __init__(self, group_name: str, buffer: torch.Tensor, buffers: list[int], world_size: int, rank: int,
-                 topk: int, local_topk: int, max_rows: int, timeout_s: float, handle=None):
+                 topk: int, local_topk: int, max_rows: int, timeout_s: float, handle=None,
+                 max_local_len: int = 1 << LOCAL_INDEX_BITS):
         """``buffers``: every rank's address of its buffer (``buffers[rank] == buffer.data_ptr()``)."""
         self.group_name, self.world_size, self.rank = group_name, world_size, rank
         self.topk, self.local_topk, self.max_rows = topk, local_topk, max_rows
@@ -570,7 +571,9 @@ class Workspace:
         # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
         # the merge's bitmap and prefix counts.
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
-        self.scratch = torch.zeros(max_rows, 2 * _bitmap_words(world_size), dtype=torch.int32, device=device)
+        self.max_local_len = max_local_len  # the widest step that takes the one-round path
+        self.bitmap_words = _bitmap_words(world_size, max_local_len)
+        self.scratch = torch.zeros(max_rows, 2 * self.bitmap_words, dtype=torch.int32, device=device)
 
     @staticmethod
     def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
@@ -582,12 +585,12 @@ class Workspace:
         return bool(self.state[2].item())
 
 
-def _bitmap_words(world_size: int) -> int:
-    return world_size << (LOCAL_INDEX_BITS - 5)  # a bit per possible global id
+def _bitmap_words(world_size: int, local_len: int = 1 << LOCAL_INDEX_BITS) -> int:
+    return -(-world_size * local_len // 32)  # a bit per possible global id (l * W + r, l < local_len)
 
 
 def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local_topk: int, max_rows: int,
-                   device: torch.device, timeout_s: float) -> Workspace:
+                   device: torch.device, timeout_s: float, max_local_len: int) -> Workspace:
     """Collective: allocate and rendezvous the symmetric buffer, zero it, and sync the group."""
     import torch.distributed as dist
     import torch.distributed._symmetric_memory as symm_mem
@@ -604,7 +607,8 @@ def make_workspace(group_name: str, world_size: int, rank: int, topk: int, local
     # The tensor may start inside its symmetric allocation: the same offset on every rank.
     offset = buffer.data_ptr() - handle.buffer_ptrs[rank]
     buffers = [ptr + offset for ptr in handle.buffer_ptrs]
-    return Workspace(group_name, buffer, buffers, world_size, rank, topk, local_topk, max_rows, timeout_s, handle)
+    return Workspace(group_name, buffer, buffers, world_size, rank, topk, local_topk, max_rows, timeout_s, handle,
+                     max_local_len)
 
 
 def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, global_ids: torch.Tensor,
@@ -650,5 +654,5 @@ def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor,
         ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
         W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
         R=rescue_row_slots(ws.topk),
-        KP2=triton.next_power_of_2(ws.topk), WORDS=_bitmap_words(w), EXCHANGE=True, num_warps=MERGE_WARPS,
+        KP2=triton.next_power_of_2(ws.topk), WORDS=ws.bitmap_words, EXCHANGE=True, num_warps=MERGE_WARPS,
     )
