@@ -73,6 +73,18 @@ def test_tokens_bf16_clusters(kind):
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [12001, 300001])
+def test_tokens_unaligned_views(dtype, width):
+    """Rows that start anywhere in memory (a view one element in, an odd row stride): the engine's
+    16-byte copies start before a span and read nothing past it. Lengths at the spans' and tiles'
+    edges, so spans start at every alignment."""
+    x = scores("random", (ROWS, width + 2), seed=width % 89).to(dtype).cuda()[:, 1:width + 1]
+    lengths = torch.tensor(span_edges(width, 2048)[-ROWS:], dtype=torch.int32)
+    assert x.stride(0) % 2 == 1 and x.data_ptr() % 16 != 0
+    assert torch.equal(run_tokens(x, lengths, 2048, ROWS), oracle.topk_tokens(x.float().cpu(), lengths, 2048))
+
+
 def test_monotone_and_periodic_rows():
     """Scores rising, falling and periodic along the row."""
     width = 300000

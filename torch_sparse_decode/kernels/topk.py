@@ -39,7 +39,7 @@ import triton.language as tl
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Boolean, Float32, Int32, Uint32
+from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 
 from .cute_helpers import warps_before
 
@@ -53,6 +53,7 @@ DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the three radix digit
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
+STAGES = 4  # tiles in flight in the shared-memory ring; a span of <= STAGES tiles stays resident
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
@@ -76,6 +77,13 @@ def ord16_key(x: Float32) -> Uint32:
     b = cutlass.select_(b == Uint32(0x8000), Uint32(0), b)  # -0.0 ties +0.0
     ord16 = cutlass.select_(b >= Uint32(0x8000), Uint32(0xFFFF) - b, b | Uint32(0x8000))
     return Uint32(ord16 << Uint32(16))
+
+
+@cute.jit
+def copy_async16(dst: Int32, src: Int64, nbytes: Int32):
+    """cp.async of 16 bytes from global ``src`` to shared ``dst``, of which the first ``nbytes``
+    are read and the rest zero-filled (both addresses 16-byte aligned)."""
+    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16, {$r2};", read_only_args=[dst, src, nbytes])
 
 
 @cute.jit
@@ -166,28 +174,73 @@ class RadixTopk:
         )
 
     @cute.jit
-    def load_tile(self, src: cute.Tensor, row: Int32, start: Int32, hi: Int32, tid: Int32, keys: cute.Tensor):
-        """This thread's keys of the tile at ``start`` (0 past ``hi``, which is > ``start``). Indices
-        are clamped rather than branched on, so all the tile's loads are in flight at once."""
-        for i in cutlass.range_constexpr(PER):
-            e = start + i * THREADS + tid
-            at = min(e, hi - 1)
-            if cutlass.const_expr(self.source is Int32):
-                key = src[row, at].bitcast(Uint32)  # block keys, already ordered
-            elif cutlass.const_expr(self.ord16):
-                key = ord16_key(src[row, at].to(Float32))
-            elif cutlass.const_expr(self.source is BFloat16):
-                key = ordered_key(src[row, at].to(Float32))
-            else:
-                key = ordered_key(src[row, at])
-            keys[i] = Uint32(cutlass.select_(e < hi, key, Uint32(0)))
+    def key_of(self, x) -> Uint32:
+        if cutlass.const_expr(self.source is Int32):
+            key = x.bitcast(Uint32)  # block keys, already ordered
+        elif cutlass.const_expr(self.ord16):
+            key = ord16_key(x.to(Float32))
+        elif cutlass.const_expr(self.source is BFloat16):
+            key = ordered_key(x.to(Float32))
+        else:
+            key = ordered_key(x)
+        return key
 
     @cute.jit
-    def count_digit(self, src: cute.Tensor, row: Int32, lo: Int32, hi: Int32, tiles: Int32, hist: cute.Tensor,
-                    p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, tid: Int32):
+    def fetch(self, src: cute.Tensor, ring: cute.Tensor, span, j: Int32, tid: Int32):
+        """Start copying tile j of the span into its ring slot: one 16-byte cp.async per chunk,
+        nothing read at or past ``hi`` (zero-filled instead)."""
+        row_off, base, lo, hi, tiles = span
+        size = self.source.width // 8
+        vec = 16 // size
+        slot = j % STAGES
+        for c in cutlass.range_constexpr(TILE // vec // THREADS):
+            q = (c * THREADS + tid) * vec
+            first = base + j * TILE + q
+            valid = min(max(hi - first, Int32(0)), Int32(vec))
+            at = cutlass.select_(valid > 0, first, base)
+            copy_async16(Int32((ring.iterator + (slot * TILE + q)).toint()),
+                         Int64((src.iterator + (row_off + Int64(at))).toint()), valid * size)
+
+    @cute.jit
+    def begin_pass(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, tid: Int32):
+        """Start a pass over the span's tiles: the ring's first STAGES - 1 tiles are requested
+        (``refetch``), or the whole span is already resident from the first pass."""
+        row_off, base, lo, hi, tiles = span
+        cute.arch.sync_threads()  # every thread is done with the ring's previous contents
+        if refetch:
+            for s in cutlass.range_constexpr(STAGES - 1):
+                if s < tiles:
+                    self.fetch(src, ring, span, Int32(s), tid)
+                cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def next_tile(self, src: cute.Tensor, ring: cute.Tensor, span, j: Int32, refetch, tid: Int32,
+                  keys: cute.Tensor, ids: cute.Tensor):
+        """This thread's keys of tile j (0 outside [lo, hi)) and their ids; when streaming, wait
+        for the tile and request the one STAGES - 1 ahead into the slot freed last iteration."""
+        row_off, base, lo, hi, tiles = span
+        if refetch:
+            cute.arch.cp_async_wait_group(STAGES - 2)
+            cute.arch.sync_threads()
+            if j + (STAGES - 1) < tiles:
+                self.fetch(src, ring, span, j + (STAGES - 1), tid)
+            cute.arch.cp_async_commit_group()
+        slot = j % STAGES
+        for i in cutlass.range_constexpr(PER):
+            q = i * THREADS + tid
+            e = base + j * TILE + q
+            key = self.key_of(ring[slot * TILE + q])
+            keys[i] = Uint32(cutlass.select_((e >= lo) & (e < hi), key, Uint32(0)))
+            ids[i] = e
+
+    @cute.jit
+    def count_digit(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, hist: cute.Tensor,
+                    p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, ids: cute.Tensor, tid: Int32):
         """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's."""
+        row_off, base, lo, hi, tiles = span
+        self.begin_pass(src, ring, span, refetch, tid)
         for tile in range(tiles):
-            self.load_tile(src, row, lo + tile * TILE, hi, tid, keys)
+            self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
             for i in cutlass.range_constexpr(PER):
                 if in_prefix(keys[i], t, p):
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
@@ -314,6 +367,7 @@ class RadixTopk:
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
+        ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
 
@@ -322,10 +376,16 @@ class RadixTopk:
         n = valid
         if cutlass.const_expr(self.pinned):
             n = max(valid - 1, Int32(0))
-        span = (n + self.ranks - 1) // self.ranks
-        lo = min(rank * span, n)
-        hi = min(lo + span, n)
-        tiles = (hi - lo + TILE - 1) // TILE
+        per_cta = (n + self.ranks - 1) // self.ranks
+        lo = min(rank * per_cta, n)
+        hi = min(lo + per_cta, n)
+        # Tiles start 16-byte aligned in memory (cp.async), up to one chunk before lo.
+        size = self.source.width // 8
+        row_off = Int64(row) * src.stride[0]
+        base = lo - Int32((Int64((src.iterator + row_off).toint()) // size + Int64(lo)) % (16 // size))
+        tiles = cutlass.select_(hi > lo, (hi - base + TILE - 1) // TILE, Int32(0))
+        span = (row_off, base, lo, hi, tiles)
+        refetch = Boolean(True)  # False once the first pass has left the whole span in the ring
 
         # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
         # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
@@ -341,7 +401,8 @@ class RadixTopk:
             for b in cutlass.range_constexpr(3 * FINE):
                 hist[b * THREADS + tid] = Int32(0)
             cute.arch.sync_threads()
-            self.count_digit(src, row, lo, hi, tiles, hist, 0, t, keys, tid)
+            self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
+            refetch = tiles > STAGES
             digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums, tid)
             need = k_sel - above
             t = Uint32(digit) << Uint32(DIGITS[0][0])
@@ -350,18 +411,17 @@ class RadixTopk:
             if kept <= CAP:
                 # Copy keys >= the bucket's lowest key, counting the second digit on the way.
                 written = Int32(0)
+                self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
-                    start = lo + tile * TILE
-                    self.load_tile(src, row, start, hi, tid, keys)
+                    self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
                     for i in cutlass.range_constexpr(PER):
-                        ids[i] = start + i * THREADS + tid
                         if in_prefix(keys[i], t, 1):
                             cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                     added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
                                                  out, row, written, counts, eq_base, warp_sums, tid)
                     written = written + added
             else:
-                self.count_digit(src, row, lo, hi, tiles, hist, 1, t, keys, tid)
+                self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
             cute.arch.sync_threads()
             # ord16 keys (ord16 << 16) are whole after two digits: their last 10 bits are zero.
             last = 1 if self.ord16 else 2
@@ -378,7 +438,7 @@ class RadixTopk:
                                 if (key >> Uint32(10)) == (t >> Uint32(10)):
                                     cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(key, 2)), Int32(1))
                         else:
-                            self.count_digit(src, row, lo, hi, tiles, hist, 2, t, keys, tid)
+                            self.count_digit(src, ring, span, refetch, hist, 2, t, keys, ids, tid)
                         cute.arch.sync_threads()
             take = need
             _, mine_above = exclusive_scan(above_part, warp_sums, tid)
@@ -421,11 +481,9 @@ class RadixTopk:
                 written = written + added
                 eq_before = eq_before + tied
         else:
+            self.begin_pass(src, ring, span, refetch, tid)
             for tile in range(tiles):
-                start = lo + tile * TILE
-                self.load_tile(src, row, start, hi, tid, keys)
-                for i in cutlass.range_constexpr(PER):
-                    ids[i] = start + i * THREADS + tid
+                self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
                 added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
                                                 out, row, written, counts, eq_base, warp_sums, tid)
                 written = written + added
