@@ -46,6 +46,7 @@ from .cute_helpers import warps_before
 THREADS = 512
 WARPS = THREADS // 32
 PER = 16  # keys per thread per streamed tile
+WARP_SPAN = 32 * PER  # a tile's keys per warp: warp w owns [w * WARP_SPAN, (w + 1) * WARP_SPAN)
 TILE = THREADS * PER
 BINS = 2048
 FINE = BINS // THREADS  # bins per coarse bin of the digit search
@@ -53,7 +54,7 @@ DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the three radix digit
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
-STAGES = 4  # tiles in flight in the shared-memory ring; a span of <= STAGES tiles stays resident
+STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); spans of <= STAGES tiles stay
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
@@ -144,20 +145,6 @@ def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     return before + inclusive - value, total
 
 
-@cute.jit
-def scan_counts(counts: cute.Tensor, used: cutlass.Constexpr[int], warp_sums: cute.Tensor, tid: Int32) -> Int32:
-    """Replace per-(step, warp) counts by their exclusive prefix in (step, warp) order; the total."""
-    cute.arch.sync_threads()
-    mine = Int32(0)
-    if tid < used:
-        mine = counts[tid]
-    before, total = exclusive_scan(mine, warp_sums, tid)
-    if tid < used:
-        counts[tid] = before
-    cute.arch.sync_threads()
-    return total
-
-
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
@@ -187,14 +174,15 @@ class RadixTopk:
 
     @cute.jit
     def fetch(self, src: cute.Tensor, ring: cute.Tensor, span, j: Int32, tid: Int32):
-        """Start copying tile j of the span into its ring slot: one 16-byte cp.async per chunk,
-        nothing read at or past ``hi`` (zero-filled instead)."""
+        """Start copying this warp's part of tile j into its ring slot: 16-byte cp.async per
+        chunk, nothing read at or past ``hi`` (zero-filled instead)."""
         row_off, base, lo, hi, tiles = span
+        lane, warp = tid % 32, tid // 32
         size = self.source.width // 8
         vec = 16 // size
         slot = j % STAGES
-        for c in cutlass.range_constexpr(TILE // vec // THREADS):
-            q = (c * THREADS + tid) * vec
+        for c in cutlass.range_constexpr(WARP_SPAN // vec // 32):
+            q = warp * WARP_SPAN + (c * 32 + lane) * vec
             first = base + j * TILE + q
             valid = min(max(hi - first, Int32(0)), Int32(vec))
             at = cutlass.select_(valid > 0, first, base)
@@ -203,10 +191,11 @@ class RadixTopk:
 
     @cute.jit
     def begin_pass(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, tid: Int32):
-        """Start a pass over the span's tiles: the ring's first STAGES - 1 tiles are requested
-        (``refetch``), or the whole span is already resident from the first pass."""
+        """Start a pass over the span's tiles: request the first STAGES - 1 (``refetch``), or find
+        the whole span still in the ring from the first pass. Each warp copies and reads only its
+        own part of every tile, so the pipeline needs warp syncs, never a CTA barrier."""
         row_off, base, lo, hi, tiles = span
-        cute.arch.sync_threads()  # every thread is done with the ring's previous contents
+        cute.arch.sync_warp()  # the warp is done with the ring's previous contents
         if refetch:
             for s in cutlass.range_constexpr(STAGES - 1):
                 if s < tiles:
@@ -219,15 +208,16 @@ class RadixTopk:
         """This thread's keys of tile j (0 outside [lo, hi)) and their ids; when streaming, wait
         for the tile and request the one STAGES - 1 ahead into the slot freed last iteration."""
         row_off, base, lo, hi, tiles = span
+        lane, warp = tid % 32, tid // 32
         if refetch:
             cute.arch.cp_async_wait_group(STAGES - 2)
-            cute.arch.sync_threads()
+            cute.arch.sync_warp()
             if j + (STAGES - 1) < tiles:
                 self.fetch(src, ring, span, j + (STAGES - 1), tid)
             cute.arch.cp_async_commit_group()
         slot = j % STAGES
         for i in cutlass.range_constexpr(PER):
-            q = i * THREADS + tid
+            q = warp * WARP_SPAN + i * 32 + lane
             e = base + j * TILE + q
             key = self.key_of(ring[slot * TILE + q])
             keys[i] = Uint32(cutlass.select_((e >= lo) & (e < hi), key, Uint32(0)))
@@ -249,44 +239,58 @@ class RadixTopk:
     @cute.jit
     def compact_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, take: Int32, eq_before: Int32,
                      ranked, to_copy: cutlass.Constexpr[bool], buf_key: cute.Tensor, buf_id: cute.Tensor,
-                     out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, eq_base: cute.Tensor,
-                     warp_sums: cute.Tensor, tid: Int32):
+                     out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32):
         """Write a tile's kept entries after the ``written`` before them, in index order: keys >= t
         into the copy (``to_copy``), or the ids of keys > t and of the first ``take`` keys == t
-        (``eq_before`` of them came earlier) into ``out``. Returns (kept, keys == t)."""
+        (``eq_before`` of them came earlier) into ``out``. Returns (kept, keys == t).
+
+        Warps own contiguous parts of the tile, so a warp's offset is the sum of the lower warps'
+        counts: one barrier per tile (two when the ties must be ranked). ``counts`` holds two
+        tiles' (kept, tied) warp counts; tiles alternate ``parity`` so none waits for the reads."""
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        kept_at = parity * 2 * WARPS
+        tied_at = kept_at + WARPS
         tile_tied = Int32(0)
+        eq_run = eq_before
         if ranked:
+            tied_n = Int32(0)
             for i in cutlass.range_constexpr(PER):
-                ballot = ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))
-                if lane == 0:
-                    eq_base[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-            tile_tied = scan_counts(eq_base, PER * WARPS, warp_sums, tid)
+                tied_n = tied_n + Int32(cute.arch.popc(ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))))
+            if lane == 0:
+                counts[tied_at + warp] = tied_n
+            cute.arch.sync_threads()
+            tied_below, tile_tied = warps_before(counts, warp, WARPS, tied_at)
+            eq_run = eq_before + tied_below
         flags = cute.make_rmem_tensor(PER, Boolean)
+        kept_n = Int32(0)
         for i in cutlass.range_constexpr(PER):
             live = keys[i] != Uint32(0)
             if cutlass.const_expr(to_copy):
                 flags[i] = live & (keys[i] >= t)
             else:
-                flags[i] = (keys[i] > t) | ((keys[i] == t) & live & (eq_before < take))
+                tied = (keys[i] == t) & live
+                flags[i] = (keys[i] > t) | (tied & (eq_before < take))
                 if ranked:
-                    tied = (keys[i] == t) & live
-                    rank_in = eq_before + eq_base[i * WARPS + warp] + Int32(cute.arch.popc(ballot_of(tied) & lower))
-                    flags[i] = (keys[i] > t) | (tied & (rank_in < take))
-            ballot = ballot_of(flags[i])
-            if lane == 0:
-                counts[i * WARPS + warp] = Int32(cute.arch.popc(ballot))
-        added = scan_counts(counts, PER * WARPS, warp_sums, tid)
+                    ballot = ballot_of(tied)
+                    flags[i] = (keys[i] > t) | (tied & (eq_run + Int32(cute.arch.popc(ballot & lower)) < take))
+                    eq_run = eq_run + Int32(cute.arch.popc(ballot))
+            kept_n = kept_n + Int32(cute.arch.popc(ballot_of(flags[i])))
+        if lane == 0:
+            counts[kept_at + warp] = kept_n
+        cute.arch.sync_threads()
+        slot, added = warps_before(counts, warp, WARPS, kept_at)
+        slot = slot + written
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
             if flags[i]:
-                slot = written + counts[i * WARPS + warp] + Int32(cute.arch.popc(ballot & lower))
+                at = slot + Int32(cute.arch.popc(ballot & lower))
                 if cutlass.const_expr(to_copy):
-                    buf_key[slot] = keys[i]
-                    buf_id[slot] = ids[i]
+                    buf_key[at] = keys[i]
+                    buf_id[at] = ids[i]
                 else:
-                    out[row, slot] = ids[i]
+                    out[row, at] = ids[i]
+            slot = slot + Int32(cute.arch.popc(ballot))
         return added, tile_tied
 
     @cute.jit
@@ -354,14 +358,14 @@ class RadixTopk:
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
                out: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
+        lane, warp = tid % 32, tid // 32
         rank, row, _ = cute.arch.block_idx()
 
         smem = cutlass.memory.SmemAllocator()
         hist = smem.allocate_tensor(Int32, cute.make_layout(3 * BINS), 16)  # one per digit, read remotely
         coarse = smem.allocate_tensor(Int32, cute.make_layout(3 * THREADS), 16)  # per digit, read remotely
         fine = smem.allocate_tensor(Int32, cute.make_layout(FINE), 16)
-        counts = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
-        eq_base = smem.allocate_tensor(Int32, cute.make_layout(THREADS), 16)
+        counts = smem.allocate_tensor(Int32, cute.make_layout(4 * WARPS), 16)  # compaction: 2 tiles x 2 counts
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
@@ -418,7 +422,7 @@ class RadixTopk:
                         if in_prefix(keys[i], t, 1):
                             cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                     added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
-                                                 out, row, written, counts, eq_base, warp_sums, tid)
+                                                 out, row, written, counts, tile % 2, tid)
                     written = written + added
             else:
                 self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
@@ -470,14 +474,14 @@ class RadixTopk:
         if (n > k_sel) & (kept <= CAP):
             for start in range(0, kept, TILE):
                 for i in cutlass.range_constexpr(PER):
-                    j = start + i * THREADS + tid
+                    j = start + warp * WARP_SPAN + i * 32 + lane
                     keys[i] = Uint32(0)
                     ids[i] = Int32(0)
                     if j < kept:
                         keys[i] = buf_key[j]
                         ids[i] = buf_id[j]
                 added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
-                                                out, row, written, counts, eq_base, warp_sums, tid)
+                                                out, row, written, counts, start // TILE % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
         else:
@@ -485,7 +489,7 @@ class RadixTopk:
             for tile in range(tiles):
                 self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
                 added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
-                                                out, row, written, counts, eq_base, warp_sums, tid)
+                                                out, row, written, counts, tile % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
         if rank == self.ranks - 1:
