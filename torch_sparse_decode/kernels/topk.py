@@ -11,9 +11,14 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   digit is read off the cluster's summed histogram through distributed shared memory, in two
   rounds of few remote loads (512 coarse bins, then the chosen one's fine bins). Every CTA also
   learns how many of its own keys are above t and equal to t.
+- A span streams through a shared-memory ring of STAGES tiles (16-byte cp.async, any row
+  alignment, nothing read past the valid prefix); each warp copies and reads only its own
+  contiguous part of every tile, so the pipeline needs warp syncs, not CTA barriers. A span of
+  <= STAGES tiles stays resident: later passes read shared memory, not the row.
 - After the first digit a CTA whose keys at or above t's bucket fit in shared memory copies them
-  there in index order (the common case: the row is read twice); tie-heavy spans, whose bucket
-  holds most of the span, read the row once per digit instead (four reads, still exact).
+  there in index order (the common case: two passes over the span); tie-heavy spans, whose bucket
+  holds most of the span, pass over it once per digit instead (four passes, still exact).
+  Ordered compaction costs one CTA barrier per tile: a warp's offset is its lower warps' counts.
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
@@ -26,7 +31,8 @@ Why CuTe DSL for the select: it needs shared-memory atomics, warp votes, cluster
 distributed shared memory, none of which Triton exposes. Why Triton for block keys: a masked 2-D
 max over any block size is a few lines there, and it runs on the CPU interpreter in CI.
 Measured (H200, benchmarks/RESULTS.md): exact on every test, 2-7x faster than the torch
-baselines, but above the SPEC's one-read bars; docs/topk_engine.md says where the time goes.
+baselines, but above the SPEC's one-read bars; docs/topk_engine.md says where the time goes and
+which attempts did not pay.
 """
 
 from __future__ import annotations
@@ -395,7 +401,7 @@ class RadixTopk:
         # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
         # `mine_above` / `mine_tied`: this CTA's keys > t / == t. Rows of <= k_sel keys keep all.
         # After the first digit a CTA whose keys at or above its bucket fit in shared memory copies
-        # them there (in index order) and never reads the row again: two reads instead of four.
+        # them there (in index order) and never passes over the span again: two passes, not four.
         t = Uint32(0)
         take = Int32(0)
         mine_above = hi - lo
