@@ -60,7 +60,7 @@ DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the three radix digit
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
-STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); spans of <= STAGES tiles stay
+STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
