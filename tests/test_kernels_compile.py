@@ -50,3 +50,12 @@ def test_cluster_size_keeps_every_row_in_one_wave():
     assert [topk.cluster_size(rows, 1 << 16, 132) for rows in (1, 8, 9, 16, 32, 64, 66, 67, 300)] == \
         [8, 8, 4, 4, 2, 2, 2, 1, 1]
     assert topk.cluster_size(1, 4096, 132) == 1 and topk.cluster_size(64, 1 << 14, 132) == 2
+
+
+def test_engine_shared_memory_fits_sm90():
+    """The engine's shared memory (its allocations, from the module's constants) fits SM90's 227 KiB
+    per block: the CPU compile does not check this, a launch would fail on the GPU."""
+    words = 3 * topk.BINS + 3 * topk.THREADS + topk.FINE + 4 * topk.WARPS + topk.WARPS + 2 + 4 + 2 * topk.CAP
+    ring = topk.STAGES * topk.TILE * 4  # fp32 and int32 sources; bf16 takes half
+    alignment = 10 * 16  # each of the 10 allocations may pad to 16 bytes
+    assert 4 * words + ring + alignment <= 227 * 1024
