@@ -270,8 +270,8 @@ def dcp_topk_merge(
 
     One op call (``torch.ops.sparse_decode.dcp_topk_merge``, the group by its name): it captures
     in CUDA graphs and traces under ``torch.compile``. On a group that ``init_dcp_topk_merge`` set
-    up, steps of at most ``max_rows`` rows and 2**17 local tokens take the one-round merge; every
-    other step the generic merge, bit-identical.
+    up, steps of at most its ``max_rows`` rows and ``max_local_len`` local tokens take the
+    one-round merge; every other step the generic merge, bit-identical.
 
     Args:
         scores: this rank's local indexer scores, fp32/bf16 [T, L].

@@ -53,8 +53,8 @@ def dcp_topk_merge_max_rows(topk: int, local_topk: int, group=None) -> int:
 
 def dcp_topk_merge_fits(num_rows: int, topk: int, local_topk: int, group=None) -> bool:
     """Whether a step of ``num_rows`` rows takes the one-round merge (the same on every rank of
-    the group; the step's local length must also be <= 2**17). ``group`` as for
-    ``dcp_topk_merge_max_rows``: the kernel asks with its group's name."""
+    the group; the step's local length must also be <= the ``max_local_len`` the group was set up
+    with). ``group`` as for ``dcp_topk_merge_max_rows``: the kernel asks with its group's name."""
     return local_topk > 0 and num_rows <= dcp_topk_merge_max_rows(topk, local_topk, group)
 
 
