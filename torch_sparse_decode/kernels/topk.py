@@ -67,11 +67,15 @@ SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 @cute.jit
 def ordered_key(x: Float32) -> Uint32:
     """Unsigned key of an fp32 score in the library order; 0 is below every score (no key).
-    Selects, not branches: the loads of a tile stay in flight together."""
-    bits = cutlass.select_(x != x, Uint32(0xFF800000), x.bitcast(Uint32))  # NaN ranks as -inf
-    bits = cutlass.select_(bits == Uint32(0x80000000), Uint32(0), bits)  # -0.0 ties +0.0
-    flip = cutlass.select_((bits >> Uint32(31)) != Uint32(0), Uint32(0xFFFFFFFF), Uint32(0x80000000))
-    return Uint32(bits ^ flip)
+
+    Four instructions (this runs on every key of every pass): ``max.f32`` returns its non-NaN
+    operand (NaN ranks as -inf), ``-0.0 + 0.0`` is ``+0.0`` in round-to-nearest, neither flushes
+    subnormals (no .ftz); then negative scores flip all bits, the rest only the sign."""
+    return cute.arch.inline_ptx(
+        "{ .reg .f32 f; .reg .b32 s; max.f32 f, {$r0}, 0fFF800000; add.rn.f32 f, f, 0f00000000; "
+        "mov.b32 {$w0}, f; shr.s32 s, {$w0}, 31; or.b32 s, s, 0x80000000; xor.b32 {$w0}, {$w0}, s; }",
+        write_only_types=[Uint32], read_only_args=[x],
+    )
 
 
 @cute.jit
@@ -127,8 +131,12 @@ def load_rank(t: cute.Tensor, i: Int32, rank: Int32) -> Int32:
 
 @cute.jit
 def cluster_sync(ranks: cutlass.Constexpr[int]):
+    """All CTAs of the cluster meet; this CTA's shared-memory writes before it are visible to the
+    others' remote reads after it. The release is restricted to shared::cta (what the CTAs
+    exchange): a plain cluster arrive releases at GPU scope (MEMBAR.ALL.GPU), ~0.2 us each."""
     if cutlass.const_expr(ranks > 1):
-        cute.arch.cluster_arrive()
+        cute.arch.inline_ptx("fence.release.sync_restrict::shared::cta.cluster;")
+        cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
     else:
         cute.arch.sync_threads()
@@ -224,31 +232,70 @@ class RadixTopk:
         slot = j % STAGES
         for i in cutlass.range_constexpr(PER):
             q = warp * WARP_SPAN + i * 32 + lane
-            e = base + j * TILE + q
-            key = self.key_of(ring[slot * TILE + q])
-            keys[i] = Uint32(cutlass.select_((e >= lo) & (e < hi), key, Uint32(0)))
-            ids[i] = e
+            keys[i] = self.key_of(ring[slot * TILE + q])
+            ids[i] = base + j * TILE + q
+        if (j == 0) | (j == tiles - 1):  # only the end tiles reach outside [lo, hi)
+            for i in cutlass.range_constexpr(PER):
+                keys[i] = Uint32(cutlass.select_((ids[i] >= lo) & (ids[i] < hi), keys[i], Uint32(0)))
 
     @cute.jit
     def count_digit(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, hist: cute.Tensor,
                     p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, ids: cute.Tensor, tid: Int32):
-        """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's."""
+        """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's.
+
+        The first digit counts every slot without a branch: a missing key (0) lands in bin 0,
+        which no score reaches (-inf's key is in bin 3), so the digit search never picks it."""
         row_off, base, lo, hi, tiles = span
         self.begin_pass(src, ring, span, refetch, tid)
         for tile in range(tiles):
             self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
             for i in cutlass.range_constexpr(PER):
-                if in_prefix(keys[i], t, p):
+                if cutlass.const_expr(p == 0):
+                    cute.arch.atomic_add(hist.iterator + digit_of(keys[i], 0), Int32(1))
+                elif in_prefix(keys[i], t, p):
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
         cute.arch.sync_threads()
 
     @cute.jit
+    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, hist: cute.Tensor, buf_key: cute.Tensor,
+                  buf_id: cute.Tensor, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32) -> Int32:
+        """Copy a tile's keys >= t (t: the first digit's bucket, > 0) and their ids after the
+        ``written`` before them, in index order, and histogram the second digit of those in the
+        bucket. Returns how many it copied.
+
+        Few keys reach the bucket, so a 32-key group without one costs a compare, a vote and a
+        popcount; the atomics and the stores run under a warp-uniform branch."""
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        kept_at = parity * 2 * WARPS
+        votes = cute.make_rmem_tensor(PER, Uint32)
+        kept_n = Int32(0)
+        for i in cutlass.range_constexpr(PER):
+            votes[i] = ballot_of(keys[i] >= t)
+            kept_n = kept_n + Int32(cute.arch.popc(votes[i]))
+        if lane == 0:
+            counts[kept_at + warp] = kept_n
+        cute.arch.sync_threads()
+        slot, added = warps_before(counts, warp, WARPS, kept_at)
+        slot = slot + written
+        for i in cutlass.range_constexpr(PER):
+            if votes[i] != Uint32(0):
+                if keys[i] >= t:
+                    at = slot + Int32(cute.arch.popc(votes[i] & lower))
+                    buf_key[at] = keys[i]
+                    buf_id[at] = ids[i]
+                    if in_prefix(keys[i], t, 1):
+                        cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
+                slot = slot + Int32(cute.arch.popc(votes[i]))
+        return added
+
+    @cute.jit
     def compact_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, take: Int32, eq_before: Int32,
-                     ranked, to_copy: cutlass.Constexpr[bool], buf_key: cute.Tensor, buf_id: cute.Tensor,
-                     out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32):
-        """Write a tile's kept entries after the ``written`` before them, in index order: keys >= t
-        into the copy (``to_copy``), or the ids of keys > t and of the first ``take`` keys == t
-        (``eq_before`` of them came earlier) into ``out``. Returns (kept, keys == t).
+                     ranked, out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32,
+                     tid: Int32):
+        """Write the ids of a tile's keys > t and of the first ``take`` keys == t (``eq_before``
+        of them came earlier) into ``out`` after the ``written`` before them, in index order.
+        Returns (kept, keys == t).
 
         Warps own contiguous parts of the tile, so a warp's offset is the sum of the lower warps'
         counts: one barrier per tile (two when the ties must be ranked). ``counts`` holds two
@@ -271,16 +318,12 @@ class RadixTopk:
         flags = cute.make_rmem_tensor(PER, Boolean)
         kept_n = Int32(0)
         for i in cutlass.range_constexpr(PER):
-            live = keys[i] != Uint32(0)
-            if cutlass.const_expr(to_copy):
-                flags[i] = live & (keys[i] >= t)
-            else:
-                tied = (keys[i] == t) & live
-                flags[i] = (keys[i] > t) | (tied & (eq_before < take))
-                if ranked:
-                    ballot = ballot_of(tied)
-                    flags[i] = (keys[i] > t) | (tied & (eq_run + Int32(cute.arch.popc(ballot & lower)) < take))
-                    eq_run = eq_run + Int32(cute.arch.popc(ballot))
+            tied = (keys[i] == t) & (keys[i] != Uint32(0))
+            flags[i] = (keys[i] > t) | (tied & (eq_before < take))
+            if ranked:
+                ballot = ballot_of(tied)
+                flags[i] = (keys[i] > t) | (tied & (eq_run + Int32(cute.arch.popc(ballot & lower)) < take))
+                eq_run = eq_run + Int32(cute.arch.popc(ballot))
             kept_n = kept_n + Int32(cute.arch.popc(ballot_of(flags[i])))
         if lane == 0:
             counts[kept_at + warp] = kept_n
@@ -290,12 +333,7 @@ class RadixTopk:
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
             if flags[i]:
-                at = slot + Int32(cute.arch.popc(ballot & lower))
-                if cutlass.const_expr(to_copy):
-                    buf_key[at] = keys[i]
-                    buf_id[at] = ids[i]
-                else:
-                    out[row, at] = ids[i]
+                out[row, slot + Int32(cute.arch.popc(ballot & lower))] = ids[i]
             slot = slot + Int32(cute.arch.popc(ballot))
         return added, tile_tied
 
@@ -424,12 +462,8 @@ class RadixTopk:
                 self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
                     self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                    for i in cutlass.range_constexpr(PER):
-                        if in_prefix(keys[i], t, 1):
-                            cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
-                    added, _ = self.compact_tile(keys, ids, t, Int32(0), Int32(0), False, True, buf_key, buf_id,
-                                                 out, row, written, counts, tile % 2, tid)
-                    written = written + added
+                    written = written + self.copy_tile(keys, ids, t, hist, buf_key, buf_id, written, counts,
+                                                       tile % 2, tid)
             else:
                 self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
             cute.arch.sync_threads()
@@ -463,9 +497,14 @@ class RadixTopk:
         eq_before = Int32(0)
         out_base = Int32(0)
         out_total = Int32(0)
+        above_r = cute.make_rmem_tensor(self.ranks, Int32)
+        tied_r = cute.make_rmem_tensor(self.ranks, Int32)
+        for r in cutlass.range_constexpr(self.ranks):  # every remote load in flight before the sums
+            above_r[r] = load_rank(shared, Int32(0), r)
+            tied_r[r] = load_rank(shared, Int32(1), r)
         for r in cutlass.range_constexpr(self.ranks):
-            eq_r = load_rank(shared, Int32(1), r)
-            taken = load_rank(shared, Int32(0), r) + min(max(take - eq_run, Int32(0)), eq_r)
+            eq_r = tied_r[r]
+            taken = above_r[r] + min(max(take - eq_run, Int32(0)), eq_r)
             if r < rank:
                 out_base = out_base + taken
             if r == rank:
@@ -481,21 +520,19 @@ class RadixTopk:
             for start in range(0, kept, TILE):
                 for i in cutlass.range_constexpr(PER):
                     j = start + warp * WARP_SPAN + i * 32 + lane
-                    keys[i] = Uint32(0)
-                    ids[i] = Int32(0)
-                    if j < kept:
-                        keys[i] = buf_key[j]
-                        ids[i] = buf_id[j]
-                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
-                                                out, row, written, counts, start // TILE % 2, tid)
+                    at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
+                    keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
+                    ids[i] = buf_id[at]
+                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                                                start // TILE % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
         else:
             self.begin_pass(src, ring, span, refetch, tid)
             for tile in range(tiles):
                 self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, False, buf_key, buf_id,
-                                                out, row, written, counts, tile % 2, tid)
+                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                                                tile % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
         if rank == self.ranks - 1:
