@@ -95,6 +95,28 @@ def test_monotone_and_periodic_rows():
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x, lengths, 2048))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_read_gates_that_fail(dtype):
+    """Spans of > STAGES tiles take the one-read path: each CTA copies its keys above a gate
+    guessed from its first tile. Rows built so that the guesses fail every way must fall back to
+    two passes and stay exact: a gate above the k-th key (a CTA's first tile far above the rest
+    of the row), a copy that overflows (rising rows, a first tile far below), too few copied
+    (falling rows), all keys equal; and a row where the guess holds."""
+    width = 1 << 19
+    assert cluster_size(6, width) == 8 and width // 8 > topk.STAGES * topk.TILE
+    span = width // 8
+    x = torch.randn(6, width, generator=torch.Generator().manual_seed(5))
+    x[1, span:span + topk.TILE] += 100.0  # CTA 1's first tile holds the whole top k
+    x[2] = torch.arange(width, dtype=torch.float32)
+    x[3] = -torch.arange(width, dtype=torch.float32)
+    x[4, ::span] = -1e30  # ... every CTA's first key sits far below
+    x[4].view(8, span)[:, :topk.TILE] -= 50.0  # and so does its first tile
+    x[5] = 0.5
+    x = x.to(dtype)
+    lengths = torch.full((6,), width, dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 8, 64, 256])
 @pytest.mark.parametrize("kind", ["random", "all_equal", "relu_zeros", "nan_mixed", "all_nan", "inf_mixed"])
 def test_blocks_clusters(block_size, kind):

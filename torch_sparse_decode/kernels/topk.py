@@ -257,11 +257,12 @@ class RadixTopk:
         cute.arch.sync_threads()
 
     @cute.jit
-    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, hist: cute.Tensor, buf_key: cute.Tensor,
-                  buf_id: cute.Tensor, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32) -> Int32:
-        """Copy a tile's keys >= t (t: the first digit's bucket, > 0) and their ids after the
-        ``written`` before them, in index order, and histogram the second digit of those in the
-        bucket. Returns how many it copied.
+    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, bucket: cutlass.Constexpr[bool],
+                  hist: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor, written: Int32, counts: cute.Tensor,
+                  parity: Int32, tid: Int32) -> Int32:
+        """Copy a tile's keys >= t (t > 0) and their ids after the ``written`` before them, in
+        index order, as far as CAP; with ``bucket`` (t: the first digit's bucket) also histogram
+        the second digit of the keys in the bucket. Returns how many keys are >= t.
 
         Few keys reach the bucket, so a 32-key group without one costs a compare, a vote and a
         popcount; the atomics and the stores run under a warp-uniform branch."""
@@ -280,12 +281,13 @@ class RadixTopk:
         slot = slot + written
         for i in cutlass.range_constexpr(PER):
             if votes[i] != Uint32(0):
-                if keys[i] >= t:
-                    at = slot + Int32(cute.arch.popc(votes[i] & lower))
+                at = slot + Int32(cute.arch.popc(votes[i] & lower))
+                if (keys[i] >= t) & (at < CAP):
                     buf_key[at] = keys[i]
                     buf_id[at] = ids[i]
-                    if in_prefix(keys[i], t, 1):
-                        cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
+                    if cutlass.const_expr(bucket):
+                        if in_prefix(keys[i], t, 1):
+                            cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                 slot = slot + Int32(cute.arch.popc(votes[i]))
         return added
 
@@ -339,21 +341,23 @@ class RadixTopk:
 
     @cute.jit
     def find_digit(self, hist: cute.Tensor, base: Int32, need: Int32, coarse: cute.Tensor, fine: cute.Tensor,
-                   result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
+                   result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, local: cutlass.Constexpr[bool] = False):
         """(d, above, own): the digit d whose bin, counting down from the top bin of the cluster's
-        histograms at ``base``, reaches ``need``; how many keys the bins above d hold; this thread's
-        share of this CTA's keys in them. Two rounds of remote reads: THREADS coarse bins, then the
-        FINE bins of the chosen one (remote loads are slow, so each thread issues few)."""
+        histograms at ``base`` (this CTA's alone with ``local``), reaches ``need``; how many keys
+        the bins above d hold; this thread's share of this CTA's keys in them. Two rounds of
+        remote reads: THREADS coarse bins, then the FINE bins of the chosen one (remote loads are
+        slow, so each thread issues few)."""
+        ranks = 1 if local else self.ranks
         slot = base // BINS * THREADS
         mine = Int32(0)
         for b in cutlass.range_constexpr(FINE):
             mine = mine + hist[base + tid * FINE + (b + tid) % FINE]  # rotated: fewer bank conflicts
         coarse[slot + tid] = mine
-        cluster_sync(self.ranks)
+        cluster_sync(ranks)
         # Coarse bin c covers bins [c * FINE, (c + 1) * FINE); thread THREADS-1-c scans it so the
         # exclusive scan counts the bins above.
         from_top = THREADS - 1 - tid
-        mirrored = self.cluster_sum(coarse, slot + from_top)
+        mirrored = self.cluster_sum(coarse, slot + from_top, ranks)
         above, _ = exclusive_scan(mirrored, warp_sums, tid)
         if (above < need) & (above + mirrored >= need):
             result[0] = from_top
@@ -361,7 +365,7 @@ class RadixTopk:
         cute.arch.sync_threads()
         chosen = result[0]
         if tid < FINE:
-            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid)
+            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid, ranks)
         cute.arch.sync_threads()
         if tid == 0:
             run = result[1]
@@ -386,17 +390,97 @@ class RadixTopk:
         return digit, above, own
 
     @cute.jit
-    def cluster_sum(self, t: cute.Tensor, i: Int32) -> Int32:
-        """``t[i]`` summed over the cluster's CTAs (all remote loads issued before the adds)."""
+    def cluster_sum(self, t: cute.Tensor, i: Int32, ranks: cutlass.Constexpr[int]) -> Int32:
+        """``t[i]`` summed over the first ``ranks`` CTAs of the cluster (all remote loads issued
+        before the adds)."""
         v = t[i]
-        if cutlass.const_expr(self.ranks > 1):
-            parts = cute.make_rmem_tensor(self.ranks, Int32)
-            for r in cutlass.range_constexpr(self.ranks):
+        if cutlass.const_expr(ranks > 1):
+            parts = cute.make_rmem_tensor(ranks, Int32)
+            for r in cutlass.range_constexpr(ranks):
                 parts[r] = load_rank(t, i, r)
             v = Int32(0)
-            for r in cutlass.range_constexpr(self.ranks):
+            for r in cutlass.range_constexpr(ranks):
                 v = v + parts[r]
         return v
+
+    @cute.jit
+    def gated_copy(self, src: cute.Tensor, ring: cute.Tensor, span, target: Int32, hist: cute.Tensor,
+                   coarse: cute.Tensor, fine: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor,
+                   buf_key: cute.Tensor, buf_id: cute.Tensor, counts: cute.Tensor, keys: cute.Tensor,
+                   ids: cute.Tensor, tid: Int32):
+        """The one-read path's pass: copy the span's keys >= a gate in index order (every key
+        when the span fits the copy, else a gate guessed from tile 0 to leave about ``target``
+        above it). Returns (how many keys are >= the gate, the gate); stops once they overflow."""
+        row_off, base, lo, hi, tiles = span
+        gate = Uint32(1)
+        written = Int32(0)
+        self.begin_pass(src, ring, span, True, tid)
+        for tile in range(tiles):
+            if written <= CAP:
+                self.next_tile(src, ring, span, tile, True, tid, keys, ids)
+                if (tile == 0) & (hi - lo > CAP):
+                    gate = self.guess_gate(keys, span, target, hist, coarse, fine, result, warp_sums, tid)
+                written = written + self.copy_tile(keys, ids, gate, False, hist, buf_key, buf_id, written, counts,
+                                                   tile % 2, tid)
+        cute.arch.cp_async_wait_group(0)  # nothing left in flight into the ring
+        return written, gate
+
+    @cute.jit
+    def digits_from_copy(self, first: cutlass.Constexpr[int], hist: cute.Tensor, buf_key: cute.Tensor, kept: Int32,
+                         t: Uint32, need: Int32, above_part: Int32, coarse: cute.Tensor, fine: cute.Tensor,
+                         result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, src=None, ring=None, span=None,
+                         refetch=None, keys=None, ids=None):
+        """Digits ``first``.. of t (with its digits above already in ``t``), counted from the copy,
+        which holds every key of the span >= t. From digit 1 (the two-pass path) the second
+        digit is already counted, and a span too tie-heavy to copy counts the third over the row.
+        Returns (t, how many keys == t the best k_sel take, this CTA's keys > t)."""
+        last = 1 if self.ord16 else 2
+        for p in range(first, last + 1):
+            if cutlass.const_expr(first == 0):
+                self.count_copied(buf_key, kept, t, p, hist, tid)
+                cute.arch.sync_threads()
+            elif p == 2:
+                if kept <= CAP:
+                    self.count_copied(buf_key, kept, t, p, hist, tid)
+                else:
+                    self.count_digit(src, ring, span, refetch, hist, 2, t, keys, ids, tid)
+                cute.arch.sync_threads()
+            digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
+            need = need - above
+            above_part = above_part + own
+            shift = cutlass.select_(p == 0, Int32(21), cutlass.select_(p == 1, Int32(10), Int32(0)))
+            t = t | (Uint32(digit) << Uint32(shift))
+        _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+        return t, need, mine_above
+
+    @cute.jit
+    def count_copied(self, buf_key: cute.Tensor, kept: Int32, t: Uint32, p: Int32, hist: cute.Tensor, tid: Int32):
+        """Histogram digit p (0, 1, 2; not a constant) of the copied keys whose higher digits
+        equal t's. Copied keys are live."""
+        shift = cutlass.select_(p == 0, Int32(21), cutlass.select_(p == 1, Int32(10), Int32(0)))
+        mask = cutlass.select_(p == 2, Uint32(0x3FF), Uint32(0x7FF))
+        above = Uint32(cutlass.select_(p == 1, Int32(21), Int32(10)))  # the higher digits' shift, p >= 1
+        for j in range(tid, kept, THREADS):
+            key = buf_key[j]
+            if (p == 0) | ((key >> above) == (t >> above)):
+                cute.arch.atomic_add(hist.iterator + (p * BINS + Int32((key >> Uint32(shift)) & mask)), Int32(1))
+
+    @cute.jit
+    def guess_gate(self, keys: cute.Tensor, span, target: Int32, hist: cute.Tensor, coarse: cute.Tensor,
+                   fine: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32) -> Uint32:
+        """A key g with about ``target`` of the span's keys at or above it, read off tile 0
+        (``keys``): the first digit's histogram of the tile, then a straight line through the
+        chosen bin. Only a guess: the one-read path checks it afterwards."""
+        row_off, base, lo, hi, tiles = span
+        sample = min(hi, base + TILE) - lo
+        r = Int32((Int64(target) * Int64(sample) + Int64(hi - lo - 1)) // Int64(hi - lo))
+        for i in cutlass.range_constexpr(PER):
+            cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(keys[i], 0)), Int32(1))
+        cute.arch.sync_threads()
+        d, above, _ = self.find_digit(hist, Int32(2 * BINS), r, coarse, fine, result, warp_sums, tid, local=True)
+        in_bin = Int64(hist[2 * BINS + d])
+        inside = (in_bin - Int64(r - above)) * Int64(1 << 21) // in_bin
+        return Uint32((Int64(d) << Int64(21)) + inside)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -438,54 +522,76 @@ class RadixTopk:
         # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
         # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
         # `mine_above` / `mine_tied`: this CTA's keys > t / == t. Rows of <= k_sel keys keep all.
-        # After the first digit a CTA whose keys at or above its bucket fit in shared memory copies
-        # them there (in index order) and never passes over the span again: two passes, not four.
         t = Uint32(0)
         take = Int32(0)
         mine_above = hi - lo
         mine_tied = Int32(0)
         kept = Int32(0)
+        last = 1 if self.ord16 else 2  # ord16 keys (ord16 << 16) are whole after two digits
         if n > k_sel:
             for b in cutlass.range_constexpr(3 * FINE):
                 hist[b * THREADS + tid] = Int32(0)
             cute.arch.sync_threads()
-            self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
-            refetch = tiles > STAGES
-            digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums, tid)
-            need = k_sel - above
-            t = Uint32(digit) << Uint32(DIGITS[0][0])
-            _, mine_above = exclusive_scan(above_part, warp_sums, tid)
-            kept = mine_above + hist[digit]
-            if kept <= CAP:
-                # Copy keys >= the bucket's lowest key, counting the second digit on the way.
-                written = Int32(0)
-                self.begin_pass(src, ring, span, refetch, tid)
-                for tile in range(tiles):
-                    self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                    written = written + self.copy_tile(keys, ids, t, hist, buf_key, buf_id, written, counts,
-                                                       tile % 2, tid)
-            else:
-                self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
-            cute.arch.sync_threads()
-            # ord16 keys (ord16 << 16) are whole after two digits: their last 10 bits are zero.
-            last = 1 if self.ord16 else 2
-            for p in range(1, last + 1):
-                digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
-                need = need - above
-                above_part = above_part + own
-                t = t | (Uint32(digit) << Uint32(10 - 10 * (p - 1)))  # DIGITS[p][0]
-                if p == 1:
-                    if cutlass.const_expr(last == 2):
-                        if kept <= CAP:
-                            for j in range(tid, kept, THREADS):
-                                key = buf_key[j]  # copied keys are live: only the prefix to check
-                                if (key >> Uint32(10)) == (t >> Uint32(10)):
-                                    cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(key, 2)), Int32(1))
-                        else:
-                            self.count_digit(src, ring, span, refetch, hist, 2, t, keys, ids, tid)
-                        cute.arch.sync_threads()
-            take = need
-            _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+            found = Int32(0)
+            # One read of long spans: copy the keys above a guessed gate in the first pass and
+            # select from the copies alone. Exact when every CTA's gate is <= t (then the copies
+            # hold every key >= t), which the end checks; else the two-pass path below.
+            share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
+            target = min(2 * share, Int32(CAP * 3 // 4))
+            if (per_cta > STAGES * TILE) & (4 * target >= 5 * share):
+                kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
+                                             buf_key, buf_id, counts, keys, ids, tid)
+                refetch = (tiles > STAGES) | (kept > CAP)
+                if tid == 0:
+                    shared[2] = kept
+                    shared[3] = Int32(gate)
+                for b in cutlass.range_constexpr(3 * FINE):
+                    hist[b * THREADS + tid] = Int32(0)
+                cluster_sync(self.ranks)
+                copied, gates = cute.make_rmem_tensor(self.ranks, Int32), cute.make_rmem_tensor(self.ranks, Uint32)
+                for r in cutlass.range_constexpr(self.ranks):
+                    copied[r] = load_rank(shared, Int32(2), r)
+                    gates[r] = Uint32(load_rank(shared, Int32(3), r))
+                total = Int32(0)
+                fits = Int32(1)
+                highest = Uint32(0)
+                for r in cutlass.range_constexpr(self.ranks):
+                    total = total + copied[r]
+                    fits = fits & Int32(copied[r] <= CAP)
+                    highest = max(highest, gates[r])
+                if (total >= k_sel) & (fits == 1):
+                    t, take, mine_above = self.digits_from_copy(0, hist, buf_key, kept, Uint32(0), k_sel, Int32(0),
+                                                                coarse, fine, result, warp_sums, tid)
+                    found = Int32(t >= highest)
+                if found == 0:
+                    cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
+                    for b in cutlass.range_constexpr(3 * FINE):
+                        hist[b * THREADS + tid] = Int32(0)
+                    cute.arch.sync_threads()
+            if found == 0:
+                # Two passes: histogram the first digit over the span; then a CTA whose keys at or
+                # above t's bucket fit in shared memory copies them there (in index order),
+                # counting the second digit on the way, and never passes over the span again.
+                self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
+                refetch = tiles > STAGES
+                digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums,
+                                                           tid)
+                t = Uint32(digit) << Uint32(DIGITS[0][0])
+                _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+                kept = mine_above + hist[digit]
+                if kept <= CAP:
+                    written = Int32(0)
+                    self.begin_pass(src, ring, span, refetch, tid)
+                    for tile in range(tiles):
+                        self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
+                        written = written + self.copy_tile(keys, ids, t, True, hist, buf_key, buf_id, written,
+                                                           counts, tile % 2, tid)
+                else:
+                    self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
+                cute.arch.sync_threads()
+                t, take, mine_above = self.digits_from_copy(1, hist, buf_key, kept, t, k_sel - above, above_part,
+                                                            coarse, fine, result, warp_sums, tid, src, ring, span,
+                                                            refetch, keys, ids)
             mine_tied = hist[last * BINS + digit_of(t, last)]
 
         # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
