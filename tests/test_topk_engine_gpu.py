@@ -101,11 +101,13 @@ def test_one_read_gates_that_fail(dtype):
     guessed from its first tile. Rows built so that the guesses fail every way must fall back to
     two passes and stay exact: a gate above the k-th key (a CTA's first tile far above the rest
     of the row), a copy that overflows (rising rows, a first tile far below), too few copied
-    (falling rows), all keys equal; and a row where the guess holds."""
+    (falling rows), all keys equal; and rows where the guess holds, one with the whole top k in
+    a window of a few warps' parts of one CTA's tiles (large parts to put in index order)."""
     width = 1 << 19
-    assert cluster_size(6, width) == 8 and width // 8 > topk.STAGES * topk.TILE
+    assert cluster_size(7, width) == 8 and width // 8 > topk.STAGES * topk.TILE
     span = width // 8
-    x = torch.randn(6, width, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(7, width, generator=torch.Generator().manual_seed(5))
+    x[6, 200000:203000] += 20.0
     x[1, span:span + topk.TILE] += 100.0  # CTA 1's first tile holds the whole top k
     x[2] = torch.arange(width, dtype=torch.float32)
     x[3] = -torch.arange(width, dtype=torch.float32)
@@ -113,7 +115,7 @@ def test_one_read_gates_that_fail(dtype):
     x[4].view(8, span)[:, :topk.TILE] -= 50.0  # and so does its first tile
     x[5] = 0.5
     x = x.to(dtype)
-    lengths = torch.full((6,), width, dtype=torch.int32)
+    lengths = torch.full((7,), width, dtype=torch.int32)
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
 
 

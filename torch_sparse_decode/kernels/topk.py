@@ -61,6 +61,7 @@ CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first dig
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
+MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
@@ -257,12 +258,11 @@ class RadixTopk:
         cute.arch.sync_threads()
 
     @cute.jit
-    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, bucket: cutlass.Constexpr[bool],
-                  hist: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor, written: Int32, counts: cute.Tensor,
-                  parity: Int32, tid: Int32) -> Int32:
-        """Copy a tile's keys >= t (t > 0) and their ids after the ``written`` before them, in
-        index order, as far as CAP; with ``bucket`` (t: the first digit's bucket) also histogram
-        the second digit of the keys in the bucket. Returns how many keys are >= t.
+    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, hist: cute.Tensor, buf_key: cute.Tensor,
+                  buf_id: cute.Tensor, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32) -> Int32:
+        """Copy a tile's keys >= t (t: the first digit's bucket, > 0) and their ids after the
+        ``written`` before them, in index order, and histogram the second digit of those in the
+        bucket. Returns how many it copied.
 
         Few keys reach the bucket, so a 32-key group without one costs a compare, a vote and a
         popcount; the atomics and the stores run under a warp-uniform branch."""
@@ -281,13 +281,12 @@ class RadixTopk:
         slot = slot + written
         for i in cutlass.range_constexpr(PER):
             if votes[i] != Uint32(0):
-                at = slot + Int32(cute.arch.popc(votes[i] & lower))
-                if (keys[i] >= t) & (at < CAP):
+                if keys[i] >= t:
+                    at = slot + Int32(cute.arch.popc(votes[i] & lower))
                     buf_key[at] = keys[i]
                     buf_id[at] = ids[i]
-                    if cutlass.const_expr(bucket):
-                        if in_prefix(keys[i], t, 1):
-                            cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
+                    if in_prefix(keys[i], t, 1):
+                        cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                 slot = slot + Int32(cute.arch.popc(votes[i]))
         return added
 
@@ -404,26 +403,88 @@ class RadixTopk:
         return v
 
     @cute.jit
+    def append_tile(self, keys: cute.Tensor, ids: cute.Tensor, gate: Uint32, j: Int32, claimed: cute.Tensor,
+                    segments: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor, tid: Int32) -> Int32:
+        """The gated pass's copy of tile j, with no CTA barrier: the warp claims room for its keys
+        >= gate (one shared atomic) and writes them there in index order; ``segments`` records
+        where each (tile, warp) part went. Returns the claims so far as this warp saw them."""
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        votes = cute.make_rmem_tensor(PER, Uint32)
+        kept_n = Int32(0)
+        for i in cutlass.range_constexpr(PER):
+            votes[i] = ballot_of(keys[i] >= gate)
+            kept_n = kept_n + Int32(cute.arch.popc(votes[i]))
+        start = Int32(0)
+        if kept_n > 0:
+            if lane == 0:
+                start = cute.arch.atomic_add(claimed.iterator, kept_n)
+            start = cute.arch.shuffle_sync(start, 0)
+            slot = start
+            for i in cutlass.range_constexpr(PER):
+                if votes[i] != Uint32(0):
+                    at = slot + Int32(cute.arch.popc(votes[i] & lower))
+                    if (keys[i] >= gate) & (at < CAP):
+                        buf_key[at] = keys[i]
+                        buf_id[at] = ids[i]
+                    slot = slot + Int32(cute.arch.popc(votes[i]))
+        if lane == 0:
+            segments[j * WARPS + warp] = (start << 16) | kept_n
+        return start + kept_n
+
+    @cute.jit
+    def in_index_order(self, tiles: Int32, segments: cute.Tensor, ring: cute.Tensor, buf_key: cute.Tensor,
+                       buf_id: cute.Tensor, copied: Int32, tid: Int32):
+        """Put the gated pass's copy in index order: a (tile, warp) part goes after every part of
+        the tiles before it and of the lower warps in its tile. Staged through the ring (free
+        after the pass), each warp moving its own parts."""
+        lane, warp = tid % 32, tid // 32
+        staged = cute.recast_tensor(ring, Int32)
+        run = Int32(0)
+        for j in range(tiles):
+            part = segments[j * WARPS + lane % WARPS] & 0xFFFF
+            # (parts of the lower warps) << 16 | (parts of every warp), summed over the lanes
+            both = cutlass.select_(lane < WARPS, part, Int32(0)) | (cutlass.select_(lane < warp, part, Int32(0)) << 16)
+            for b in cutlass.range_constexpr(5):
+                both = both + cute.arch.shuffle_sync_bfly(both, offset=1 << b)
+            mine = segments[j * WARPS + warp]
+            at = run + (both >> 16)
+            for e in range(lane, mine & 0xFFFF, 32):
+                staged[at + e] = Int32(buf_key[(mine >> 16) + e])
+                staged[CAP + at + e] = buf_id[(mine >> 16) + e]
+            run = run + (both & 0xFFFF)
+        cute.arch.sync_threads()
+        for e in range(tid, copied, THREADS):
+            buf_key[e] = Uint32(staged[e])
+            buf_id[e] = staged[CAP + e]
+        cute.arch.sync_threads()
+
+    @cute.jit
     def gated_copy(self, src: cute.Tensor, ring: cute.Tensor, span, target: Int32, hist: cute.Tensor,
                    coarse: cute.Tensor, fine: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor,
-                   buf_key: cute.Tensor, buf_id: cute.Tensor, counts: cute.Tensor, keys: cute.Tensor,
-                   ids: cute.Tensor, tid: Int32):
-        """The one-read path's pass: copy the span's keys >= a gate in index order (every key
+                   buf_key: cute.Tensor, buf_id: cute.Tensor, claimed: cute.Tensor, segments: cute.Tensor,
+                   keys: cute.Tensor, ids: cute.Tensor, tid: Int32):
+        """The one-read path's pass: copy the span's keys >= a gate, in index order (every key
         when the span fits the copy, else a gate guessed from tile 0 to leave about ``target``
-        above it). Returns (how many keys are >= the gate, the gate); stops once they overflow."""
+        above it). Warps run through it with no CTA barrier after tile 0 and stop once the copy
+        overflows. Returns (how many keys are >= the gate, > CAP if it overflowed; the gate).
+        Leaves the ring overwritten."""
         row_off, base, lo, hi, tiles = span
         gate = Uint32(1)
-        written = Int32(0)
+        seen = Int32(0)
         self.begin_pass(src, ring, span, True, tid)
         for tile in range(tiles):
-            if written <= CAP:
+            if seen <= CAP:
                 self.next_tile(src, ring, span, tile, True, tid, keys, ids)
                 if (tile == 0) & (hi - lo > CAP):
                     gate = self.guess_gate(keys, span, target, hist, coarse, fine, result, warp_sums, tid)
-                written = written + self.copy_tile(keys, ids, gate, False, hist, buf_key, buf_id, written, counts,
-                                                   tile % 2, tid)
+                seen = self.append_tile(keys, ids, gate, tile, claimed, segments, buf_key, buf_id, tid)
         cute.arch.cp_async_wait_group(0)  # nothing left in flight into the ring
-        return written, gate
+        cute.arch.sync_threads()
+        copied = claimed[0]
+        if copied <= CAP:
+            self.in_index_order(tiles, segments, ring, buf_key, buf_id, copied, tid)
+        return copied, gate
 
     @cute.jit
     def digits_from_copy(self, first: cutlass.Constexpr[int], hist: cute.Tensor, buf_key: cute.Tensor, kept: Int32,
@@ -497,6 +558,8 @@ class RadixTopk:
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
+        claimed = smem.allocate_tensor(Int32, cute.make_layout(1), 16)  # the gated pass's copy
+        segments = smem.allocate_tensor(Int32, cute.make_layout(MAX_TILES * WARPS), 16)
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
@@ -531,6 +594,8 @@ class RadixTopk:
         if n > k_sel:
             for b in cutlass.range_constexpr(3 * FINE):
                 hist[b * THREADS + tid] = Int32(0)
+            if tid == 0:
+                claimed[0] = Int32(0)
             cute.arch.sync_threads()
             found = Int32(0)
             # One read of long spans: copy the keys above a guessed gate in the first pass and
@@ -540,8 +605,8 @@ class RadixTopk:
             target = min(2 * share, Int32(CAP * 3 // 4))
             if (per_cta > STAGES * TILE) & (4 * target >= 5 * share):
                 kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
-                                             buf_key, buf_id, counts, keys, ids, tid)
-                refetch = (tiles > STAGES) | (kept > CAP)
+                                             buf_key, buf_id, claimed, segments, keys, ids, tid)
+                refetch = Boolean(True)
                 if tid == 0:
                     shared[2] = kept
                     shared[3] = Int32(gate)
@@ -584,8 +649,8 @@ class RadixTopk:
                     self.begin_pass(src, ring, span, refetch, tid)
                     for tile in range(tiles):
                         self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                        written = written + self.copy_tile(keys, ids, t, True, hist, buf_key, buf_id, written,
-                                                           counts, tile % 2, tid)
+                        written = written + self.copy_tile(keys, ids, t, hist, buf_key, buf_id, written, counts,
+                                                           tile % 2, tid)
                 else:
                     self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
                 cute.arch.sync_threads()
