@@ -62,6 +62,7 @@ MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
+ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 
 
@@ -406,8 +407,9 @@ class RadixTopk:
     def append_tile(self, keys: cute.Tensor, ids: cute.Tensor, gate: Uint32, j: Int32, claimed: cute.Tensor,
                     segments: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor, tid: Int32) -> Int32:
         """The gated pass's copy of tile j, with no CTA barrier: the warp claims room for its keys
-        >= gate (one shared atomic) and writes them there in index order; ``segments`` records
-        where each (tile, warp) part went. Returns the claims so far as this warp saw them."""
+        >= gate (one shared atomic) and writes them there in index order, each id tagged with its
+        (tile, warp) part; ``segments`` records where each part went and its size. Returns the
+        claims so far as this warp saw them."""
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
         votes = cute.make_rmem_tensor(PER, Uint32)
@@ -426,7 +428,7 @@ class RadixTopk:
                     at = slot + Int32(cute.arch.popc(votes[i] & lower))
                     if (keys[i] >= gate) & (at < CAP):
                         buf_key[at] = keys[i]
-                        buf_id[at] = ids[i]
+                        buf_id[at] = Int32((Uint32(j * WARPS + warp) << Uint32(ID_BITS)) | Uint32(ids[i]))
                     slot = slot + Int32(cute.arch.popc(votes[i]))
         if lane == 0:
             segments[j * WARPS + warp] = (start << 16) | kept_n
@@ -434,25 +436,30 @@ class RadixTopk:
 
     @cute.jit
     def in_index_order(self, tiles: Int32, segments: cute.Tensor, ring: cute.Tensor, buf_key: cute.Tensor,
-                       buf_id: cute.Tensor, copied: Int32, tid: Int32):
+                       buf_id: cute.Tensor, copied: Int32, warp_sums: cute.Tensor, tid: Int32):
         """Put the gated pass's copy in index order: a (tile, warp) part goes after every part of
-        the tiles before it and of the lower warps in its tile. Staged through the ring (free
-        after the pass), each warp moving its own parts."""
-        lane, warp = tid % 32, tid // 32
+        the tiles before it and of the lower warps in its tile. One scan of the part sizes turns
+        ``segments`` into each part's shift; every entry then moves by its part's shift, staged
+        through the ring (free after the pass)."""
+        parts = tiles * WARPS
+        each = (parts + THREADS - 1) // THREADS
+        mine = Int32(0)
+        for q in range(each):
+            if tid * each + q < parts:
+                mine = mine + (segments[tid * each + q] & 0xFFFF)
+        run, _ = exclusive_scan(mine, warp_sums, tid)
+        for q in range(each):
+            if tid * each + q < parts:
+                part = segments[tid * each + q]
+                segments[tid * each + q] = run - (part >> 16)
+                run = run + (part & 0xFFFF)
+        cute.arch.sync_threads()
         staged = cute.recast_tensor(ring, Int32)
-        run = Int32(0)
-        for j in range(tiles):
-            part = segments[j * WARPS + lane % WARPS] & 0xFFFF
-            # (parts of the lower warps) << 16 | (parts of every warp), summed over the lanes
-            both = cutlass.select_(lane < WARPS, part, Int32(0)) | (cutlass.select_(lane < warp, part, Int32(0)) << 16)
-            for b in cutlass.range_constexpr(5):
-                both = both + cute.arch.shuffle_sync_bfly(both, offset=1 << b)
-            mine = segments[j * WARPS + warp]
-            at = run + (both >> 16)
-            for e in range(lane, mine & 0xFFFF, 32):
-                staged[at + e] = Int32(buf_key[(mine >> 16) + e])
-                staged[CAP + at + e] = buf_id[(mine >> 16) + e]
-            run = run + (both & 0xFFFF)
+        for e in range(tid, copied, THREADS):
+            tagged = Uint32(buf_id[e])
+            at = e + segments[Int32(tagged >> Uint32(ID_BITS))]
+            staged[at] = Int32(buf_key[e])
+            staged[CAP + at] = Int32(tagged & Uint32((1 << ID_BITS) - 1))
         cute.arch.sync_threads()
         for e in range(tid, copied, THREADS):
             buf_key[e] = Uint32(staged[e])
@@ -483,7 +490,7 @@ class RadixTopk:
         cute.arch.sync_threads()
         copied = claimed[0]
         if copied <= CAP:
-            self.in_index_order(tiles, segments, ring, buf_key, buf_id, copied, tid)
+            self.in_index_order(tiles, segments, ring, buf_key, buf_id, copied, warp_sums, tid)
         return copied, gate
 
     @cute.jit
