@@ -165,6 +165,18 @@ def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     return before + inclusive - value, total
 
 
+@cute.jit
+def warp_offset(counts: cute.Tensor, mine: Int32, at: Int32, before: Int32, tid: Int32):
+    """(``before`` + the lower warps' ``mine``, the sum over every warp): a warp's place in a
+    tile's ordered compaction, after publishing its count at ``counts[at + warp]``; one barrier."""
+    lane, warp = tid % 32, tid // 32
+    if lane == 0:
+        counts[at + warp] = mine
+    cute.arch.sync_threads()
+    below, total = warps_before(counts, warp, WARPS, at)
+    return before + below, total
+
+
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
@@ -279,11 +291,7 @@ class RadixTopk:
         for i in cutlass.range_constexpr(PER):
             votes[i] = ballot_of(keys[i] >= t)
             kept_n = kept_n + Int32(cute.arch.popc(votes[i]))
-        if lane == 0:
-            counts[kept_at + warp] = kept_n
-        cute.arch.sync_threads()
-        slot, added = warps_before(counts, warp, WARPS, kept_at)
-        slot = slot + written
+        slot, added = warp_offset(counts, kept_n, kept_at, written, tid)
         for i in cutlass.range_constexpr(PER):
             if votes[i] != Uint32(0):
                 if keys[i] >= t:
@@ -316,11 +324,7 @@ class RadixTopk:
             tied_n = Int32(0)
             for i in cutlass.range_constexpr(PER):
                 tied_n = tied_n + Int32(cute.arch.popc(ballot_of((keys[i] == t) & (keys[i] != Uint32(0)))))
-            if lane == 0:
-                counts[tied_at + warp] = tied_n
-            cute.arch.sync_threads()
-            tied_below, tile_tied = warps_before(counts, warp, WARPS, tied_at)
-            eq_run = eq_before + tied_below
+            eq_run, tile_tied = warp_offset(counts, tied_n, tied_at, eq_before, tid)
         flags = cute.make_rmem_tensor(PER, Boolean)
         kept_n = Int32(0)
         for i in cutlass.range_constexpr(PER):
@@ -331,11 +335,7 @@ class RadixTopk:
                 flags[i] = (keys[i] > t) | (tied & (eq_run + Int32(cute.arch.popc(ballot & lower)) < take))
                 eq_run = eq_run + Int32(cute.arch.popc(ballot))
             kept_n = kept_n + Int32(cute.arch.popc(ballot_of(flags[i])))
-        if lane == 0:
-            counts[kept_at + warp] = kept_n
-        cute.arch.sync_threads()
-        slot, added = warps_before(counts, warp, WARPS, kept_at)
-        slot = slot + written
+        slot, added = warp_offset(counts, kept_n, kept_at, written, tid)
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
             if flags[i]:
