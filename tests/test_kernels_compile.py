@@ -52,6 +52,17 @@ def test_cluster_size_keeps_every_row_in_one_wave():
     assert topk.cluster_size(1, 4096, 132) == 1 and topk.cluster_size(64, 1 << 14, 132) == 2
 
 
+def test_engine_gated_copy_limits_cover_the_widest_rows():
+    """The one-read path tags each copied id with its (tile, warp) part above ID_BITS and keeps
+    MAX_TILES parts per warp: both must hold for the widest rows the ops accept (a span may
+    start up to one 16-byte chunk before its first key)."""
+    from torch_sparse_decode import ops
+
+    assert ops.TOPK_MAX_WIDTH <= 1 << topk.ID_BITS
+    assert -(-(ops.TOPK_MAX_WIDTH + 7) // topk.TILE) <= topk.MAX_TILES
+    assert topk.MAX_TILES * topk.WARPS <= 1 << (32 - topk.ID_BITS)
+
+
 def test_engine_shared_memory_fits_sm90():
     """The engine's shared memory (its allocations, from the module's constants) fits SM90's 227 KiB
     per block: the CPU compile does not check this, a launch would fail on the GPU."""

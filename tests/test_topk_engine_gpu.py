@@ -119,6 +119,19 @@ def test_one_read_gates_that_fail(dtype):
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
 
 
+@pytest.mark.parametrize("k", [1, 2, 511, 2048, 4096])
+@pytest.mark.parametrize("kind", ["random", "few_distinct", "relu_zeros", "nan_mixed"])
+def test_one_read_k_range(k, kind):
+    """The one-read path over the range of k: each CTA's share of k sets its gate (k = 1 copies
+    about two keys per CTA; k = 4096 fills the copies most), with ties and NaN on the way."""
+    width = 1 << 19
+    assert cluster_size(4, width) == 8 and width // 8 > topk.STAGES * topk.TILE
+    x = scores(kind, (4, width), seed=k)
+    edge = 8 * topk.STAGES * topk.TILE  # longer rows take the one-read path, this one does not
+    lengths = torch.tensor([width, edge + 1, edge, 7 * width // 8 + 3], dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 8, 64, 256])
 @pytest.mark.parametrize("kind", ["random", "all_equal", "relu_zeros", "nan_mixed", "all_nan", "inf_mixed"])
 def test_blocks_clusters(block_size, kind):
