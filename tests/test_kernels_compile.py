@@ -29,6 +29,11 @@ def test_topk_engine_compiles(source, ranks):
         assert topk.compiled(source, False, ranks, ord16=True) is not None
 
 
+def test_topk_engine_profile_build_compiles():
+    """benchmarks/profile_topk.py's build, with the phase marks (not compiled into the op's)."""
+    assert topk.compiled(torch.float32, False, 2, profile=True) is not None
+
+
 def test_triton_kernels_compile_for_sm90():
     """Every Triton kernel (block keys, DCP pack and merge) builds for SM90 at its decode shapes."""
     import os

@@ -68,6 +68,10 @@ STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter sp
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
+# Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
+# cycles since the kernel began (0 for a phase the row did not take).
+PHASES = ("gated pass + index order", "exchange + digits from the copies", "first-digit pass",
+          "digit 0 + copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
 
 
 @cute.jit
@@ -181,8 +185,15 @@ class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
 
-    def __init__(self, source, pinned: bool, ranks: int, ord16: bool = False):
+    def __init__(self, source, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
         self.source, self.pinned, self.ranks, self.ord16 = source, pinned, ranks, ord16
+        self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
+
+    @cute.jit
+    def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[int]):
+        """With ``profile``: the SM clock at the end of a phase (PHASES names them)."""
+        if cutlass.const_expr(self.profile):
+            marks[phase] = Int64(cute.arch.clock64())
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -576,6 +587,9 @@ class RadixTopk:
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
+        marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
+        for phase in cutlass.range_constexpr(len(PHASES) + 1):
+            self.mark(marks, phase)
 
         # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
         valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
@@ -617,6 +631,7 @@ class RadixTopk:
             if (per_cta > STAGES * TILE) & (4 * target >= 5 * share):
                 kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
                                              buf_key, buf_id, claimed, segments, keys, ids, tid)
+                self.mark(marks, 1)
                 refetch = Boolean(True)
                 if tid == 0:
                     shared[2] = kept
@@ -639,6 +654,7 @@ class RadixTopk:
                     t, take, mine_above = self.digits_from_copy(0, hist, buf_key, kept, Uint32(0), k_sel, Int32(0),
                                                                 coarse, fine, result, warp_sums, tid)
                     found = Int32(t >= highest)
+                    self.mark(marks, 2)
                 if found == 0:
                     cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
                     for b in cutlass.range_constexpr(3 * FINE):
@@ -649,6 +665,7 @@ class RadixTopk:
                 # above t's bucket fit in shared memory copies them there (in index order),
                 # counting the second digit on the way, and never passes over the span again.
                 self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
+                self.mark(marks, 3)
                 refetch = tiles > STAGES
                 digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums,
                                                            tid)
@@ -665,10 +682,13 @@ class RadixTopk:
                 else:
                     self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
                 cute.arch.sync_threads()
+                self.mark(marks, 4)
                 t, take, mine_above = self.digits_from_copy(1, hist, buf_key, kept, t, k_sel - above, above_part,
                                                             coarse, fine, result, warp_sums, tid, src, ring, span,
                                                             refetch, keys, ids)
             mine_tied = hist[last * BINS + digit_of(t, last)]
+
+        self.mark(marks, 5)
 
         # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
         if tid == 0:
@@ -693,6 +713,7 @@ class RadixTopk:
                 eq_before = eq_run
             out_total = out_total + taken
             eq_run = eq_run + eq_r
+        self.mark(marks, 6)
         # Ties need ranks in index order only when some of them are left out.
         ranked = (eq_before < take) & (eq_before + mine_tied > take)
 
@@ -717,6 +738,7 @@ class RadixTopk:
                                                 tile % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
+        self.mark(marks, 7)
         if rank == self.ranks - 1:
             pad_from = out_total
             if cutlass.const_expr(self.pinned):
@@ -727,6 +749,11 @@ class RadixTopk:
             for i in range(pad_from + tid, out.shape[1], THREADS):
                 out[row, i] = Int32(-1)
         cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
+        if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PHASES ...]
+            self.mark(marks, len(PHASES))
+            if tid == 0:
+                for phase in cutlass.range_constexpr(len(PHASES)):
+                    out[row, k_sel + 1 + rank * len(PHASES) + phase] = Int32(marks[phase + 1] - marks[0])
 
 
 # ------------------------------------------------------------------------------- block keys
@@ -796,8 +823,9 @@ def sm_count(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False):
-    """Compile once per (source dtype, pinned, cluster size, ord16 keys), from fake tensors (no GPU needed)."""
+def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
+    """Compile once per (source dtype, pinned, cluster size, ord16 keys, profile marks), from fake
+    tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     dtype = SOURCES[source]
     fake = cute.runtime.make_fake_tensor
@@ -805,7 +833,7 @@ def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False)
     lengths = fake(Int32, (rows,), stride=(1,), assumed_align=4)
     out = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    engine = RadixTopk(dtype, pinned, ranks, ord16)
+    engine = RadixTopk(dtype, pinned, ranks, ord16, profile)
     return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, stream,
                         options="--enable-tvm-ffi")
 
