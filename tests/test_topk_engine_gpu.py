@@ -119,6 +119,26 @@ def test_one_read_gates_that_fail(dtype):
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
 
 
+def test_one_read_path_taken_where_it_should_be():
+    """The profiled build's phase marks show the path each CTA took: a random long row is answered
+    from the copies (no first-digit pass over the row); a rising row overflows its copies and
+    takes the two passes. A fast path that silently stopped being taken would fail here."""
+    width, k = 1 << 19, 2048
+    ranks = cluster_size(2, width)
+    x = torch.randn(2, width, generator=torch.Generator().manual_seed(9))
+    x[1] = torch.arange(width, dtype=torch.float32)
+    lengths = torch.full((2,), width, dtype=torch.int32)
+    phases = len(topk.PHASES)
+    out = poisoned((2, k + 1 + ranks * phases), torch.int32, "cuda")
+    topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), lengths.cuda(), width, 1, k, out)
+    ends = out[:, k + 1:].reshape(2, ranks, phases).cpu()
+    gated, from_copies, first_digit = ends[..., 0] > 0, ends[..., 1] > 0, ends[..., 2] > 0
+    assert gated.all()
+    assert from_copies[0].all() and not first_digit[0].any()
+    assert not from_copies[1].any() and first_digit[1].all()
+    assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))
+
+
 @pytest.mark.parametrize("k", [1, 2, 511, 2048, 4096])
 @pytest.mark.parametrize("kind", ["random", "few_distinct", "relu_zeros", "nan_mixed"])
 def test_one_read_k_range(k, kind):
