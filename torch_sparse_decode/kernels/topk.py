@@ -119,6 +119,13 @@ def digit_of(key: Uint32, p: cutlass.Constexpr[int]) -> Int32:
 
 
 @cute.jit
+def digit_shift(p: Int32) -> Int32:
+    """DIGITS[p]'s shift for a digit index that is not a constant."""
+    first, second, third = (Int32(shift) for shift, _ in DIGITS)
+    return cutlass.select_(p == 0, first, cutlass.select_(p == 1, second, third))
+
+
+@cute.jit
 def in_prefix(key: Uint32, t: Uint32, p: cutlass.Constexpr[int]):
     """Whether a live key's digits above digit p equal t's."""
     shift, bits = DIGITS[p]
@@ -531,8 +538,7 @@ class RadixTopk:
             digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
             need = need - above
             above_part = above_part + own
-            shift = cutlass.select_(p == 0, Int32(21), cutlass.select_(p == 1, Int32(10), Int32(0)))
-            t = t | (Uint32(digit) << Uint32(shift))
+            t = t | (Uint32(digit) << Uint32(digit_shift(p)))
         _, mine_above = exclusive_scan(above_part, warp_sums, tid)
         return t, need, mine_above
 
@@ -540,9 +546,9 @@ class RadixTopk:
     def count_copied(self, buf_key: cute.Tensor, kept: Int32, t: Uint32, p: Int32, hist: cute.Tensor, tid: Int32):
         """Histogram digit p (0, 1, 2; not a constant) of the copied keys whose higher digits
         equal t's. Copied keys are live."""
-        shift = cutlass.select_(p == 0, Int32(21), cutlass.select_(p == 1, Int32(10), Int32(0)))
-        mask = cutlass.select_(p == 2, Uint32(0x3FF), Uint32(0x7FF))
-        above = Uint32(cutlass.select_(p == 1, Int32(21), Int32(10)))  # the higher digits' shift, p >= 1
+        shift = digit_shift(p)
+        mask = cutlass.select_(p == 2, Uint32((1 << DIGITS[2][1]) - 1), Uint32((1 << DIGITS[1][1]) - 1))
+        above = Uint32(cutlass.select_(p == 1, Int32(DIGITS[0][0]), Int32(DIGITS[1][0])))  # higher digits', p >= 1
         for j in range(tid, kept, THREADS):
             key = buf_key[j]
             if (p == 0) | ((key >> above) == (t >> above)):
@@ -562,8 +568,9 @@ class RadixTopk:
         cute.arch.sync_threads()
         d, above, _ = self.find_digit(hist, Int32(2 * BINS), r, coarse, fine, result, warp_sums, tid, local=True)
         in_bin = Int64(hist[2 * BINS + d])
-        inside = (in_bin - Int64(r - above)) * Int64(1 << 21) // in_bin
-        return Uint32((Int64(d) << Int64(21)) + inside)
+        shift = DIGITS[0][0]  # a first-digit bin holds 2**shift keys
+        inside = (in_bin - Int64(r - above)) * Int64(1 << shift) // in_bin
+        return Uint32((Int64(d) << Int64(shift)) + inside)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
