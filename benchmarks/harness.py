@@ -92,8 +92,11 @@ def commit() -> str:
 class Table:
     """A benchmark table: printed for people, appended to the results file with its provenance."""
 
-    def __init__(self, title: str, columns: Sequence[str]):
+    def __init__(self, title: str, columns: Sequence[str], timing: str | None = None):
+        """``timing``: how the numbers were taken, when not by ``graph_us`` (SPEC section 3)."""
         self.title, self.columns, self.rows = title, list(columns), []
+        self.timing = timing or (f"per call in a CUDA graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, "
+                                 f"inputs rotated over > {ROTATE_BYTES >> 20} MiB")
 
     def add(self, *values) -> None:
         self.rows.append([_fmt(v) for v in values])
@@ -105,8 +108,7 @@ class Table:
         lines = [
             f"### {self.title}",
             "",
-            f"{stamp}, {gpu}, torch {torch.__version__}, commit {commit()}; per call in a CUDA graph of "
-            f"{CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, inputs rotated over > {ROTATE_BYTES >> 20} MiB.",
+            f"{stamp}, {gpu}, torch {torch.__version__}, commit {commit()}; {self.timing}.",
             "",
             "| " + " | ".join(self.columns) + " |",
             "| " + " | ".join("---" for _ in self.columns) + " |",

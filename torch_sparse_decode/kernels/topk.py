@@ -72,6 +72,9 @@ SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 # cycles since the kernel began (0 for a phase the row did not take).
 PHASES = ("gated pass + index order", "exchange + digits from the copies", "first-digit pass",
           "digit 0 + copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
+# Per CTA, after its phases: the global timer (ns, low 32 bits) at its start and its end, to see
+# when CTAs run relative to each other (SM clocks are not synchronized across SMs).
+PROFILE_SLOTS = len(PHASES) + 2
 
 
 @cute.jit
@@ -595,8 +598,12 @@ class RadixTopk:
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
         marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
-        for phase in cutlass.range_constexpr(len(PHASES) + 1):
-            self.mark(marks, phase)
+        began = Int64(0)
+        if cutlass.const_expr(self.profile):
+            began = cute.arch.globaltimer()  # ns, the same clock on every SM
+            self.mark(marks, 0)
+            for phase in cutlass.range_constexpr(1, len(PHASES) + 1):
+                marks[phase] = marks[0]  # a phase the row does not take reads 0
 
         # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
         valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
@@ -756,11 +763,15 @@ class RadixTopk:
             for i in range(pad_from + tid, out.shape[1], THREADS):
                 out[row, i] = Int32(-1)
         cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
-        if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PHASES ...]
+        if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, len(PHASES))
+            ended = cute.arch.globaltimer()
             if tid == 0:
+                at = k_sel + 1 + rank * PROFILE_SLOTS
                 for phase in cutlass.range_constexpr(len(PHASES)):
-                    out[row, k_sel + 1 + rank * len(PHASES) + phase] = Int32(marks[phase + 1] - marks[0])
+                    out[row, at + phase] = Int32(marks[phase + 1] - marks[0])
+                out[row, at + len(PHASES)] = Int32(began & Int64(0xFFFFFFFF))
+                out[row, at + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
 # ------------------------------------------------------------------------------- block keys
