@@ -15,8 +15,9 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   alignment, nothing read past the valid prefix); each warp copies and reads only its own
   contiguous part of every tile, so the pipeline needs warp syncs, not CTA barriers. A span of
   <= STAGES tiles stays resident: later passes read shared memory, not the row.
-- Spans of more than STAGES tiles take one read: the first pass copies each key above a gate,
-  guessed from the CTA's first tile to leave about twice its share of the best k_sel above it,
+- Spans of more than ONE_READ_FROM keys (two tiles) take one read: the first pass copies each
+  key above a gate, guessed from the CTA's first tile to leave about twice its share of the best
+  k_sel above it,
   with no CTA barrier (warps claim room; the parts are put in index order after the pass), and
   the digits are read off the copies alone. The answer is exact when every CTA's gate is <= t,
   which is checked; otherwise (and for shorter spans) two passes: after the first digit a CTA
@@ -65,6 +66,10 @@ CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first dig
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
+# Spans of more keys than this (per CTA) take the one-read path. Two tiles: from three tiles up
+# the gated copy beats the resident two passes (32 x 64K ord16: 24.5 -> 20.7 us), at one or two
+# it does not (8 x 128K 16.9 -> 17.3, 1 x 64K ord16 13.7 -> 14.7; benchmarks/RESULTS.md).
+ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
@@ -642,7 +647,7 @@ class RadixTopk:
             # hold every key >= t), which the end checks; else the two-pass path below.
             share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
             target = min(2 * share, Int32(CAP * 3 // 4))
-            if (per_cta > STAGES * TILE) & (4 * target >= 5 * share):
+            if (per_cta > ONE_READ_FROM) & (4 * target >= 5 * share):
                 kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
                                              buf_key, buf_id, claimed, segments, keys, ids, tid)
                 self.mark(marks, 1)
