@@ -131,7 +131,8 @@ def test_one_read_path_taken_where_it_should_be():
     out = poisoned((2, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), lengths.cuda(), width, 1, k, out)
     ends = out[:, k + 1:].reshape(2, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu()
-    gated, from_copies, first_digit = ends[..., 0] > 0, ends[..., 1] > 0, ends[..., 2] > 0
+    gated, from_copies, first_digit = (ends[..., topk.PHASES.index(name)] > 0 for name in
+                                       ("gated pass + index order", "digits from the copies", "first-digit pass"))
     assert gated.all()
     assert from_copies[0].all() and not first_digit[0].any()
     assert not from_copies[1].any() and first_digit[1].all()
