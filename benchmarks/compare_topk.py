@@ -3,16 +3,19 @@
 judged on the same GPU, clocks and inputs as what it replaces.
 
     git show REV:torch_sparse_decode/kernels/topk.py > .device/scratch/topk_REV.py   # here
-    python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick] [--results FILE]
+    python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick] [--rounds R] [--results FILE]
 
 Every version runs every shape on the same inputs; a version whose ids differ from this
-checkout's on a shape is marked there (the GPU tests are what prove exactness).
+checkout's on a shape is marked there (the GPU tests are what prove exactness). With --rounds R,
+the versions take turns R times per shape and each cell is the median of its R times: one run's
+spread between identical versions reached ~2% at 64 x 1M (session 8), more than some changes.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import statistics
 import tempfile
 
 import torch
@@ -54,6 +57,7 @@ def caller(engine, what: str, block_size: int, sets, out):
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("versions", nargs="+", help="copies of kernels/topk.py to time beside this checkout's")
+    cli.add_argument("--rounds", type=int, default=1, help="turns each version takes per shape (median)")
     args = cli.parse_args()
     engines = {"this checkout": current} | {os.path.basename(p): load(p) for p in args.versions}
     table = Table(f"Top-k engine versions, k = {K} (us per call, engine called directly)",
@@ -65,13 +69,14 @@ def main() -> None:
             return x, torch.full((rows,), width, dtype=torch.int32, device="cuda")
 
         sets = rotation(make, rows * width * 4)
-        times, ids = [], {}
+        calls, ids = {}, {}
         for name, engine in engines.items():
             out = torch.full((rows, K), -7, dtype=torch.int32, device="cuda")
-            call = caller(engine, what, block_size, sets, out)
-            call(0)
+            calls[name] = caller(engine, what, block_size, sets, out)
+            calls[name](0)
             ids[name] = out.clone()
-            times.append(graph_us(call))
+        rounds = [[graph_us(call) for call in calls.values()] for _ in range(max(args.rounds, 1))]
+        times = [statistics.median(column) for column in zip(*rounds)]
         differ = [name for name in engines if not torch.equal(ids[name], ids["this checkout"])]
         shape = f"{what} {rows}x{width >> 10}K" + (f" bs={block_size}" if what == "blocks" else "")
         table.add(shape, *times, ", ".join(differ) or "none")

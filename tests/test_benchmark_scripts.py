@@ -1,0 +1,23 @@
+"""The benchmark scripts run only on a GPU, so CI cannot time them; it can still catch a script
+that no longer imports or parses its arguments (each prints its usage and exits 0)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks")
+SCRIPTS = sorted(f for f in os.listdir(BENCHMARKS) if f.endswith(".py") and f != "harness.py")
+
+
+def test_every_benchmark_script_is_listed():
+    assert {"bench_topk.py", "bench_dcp.py", "bench_moe_route.py", "compare_topk.py", "profile_topk.py"} <= set(SCRIPTS)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_script_parses_its_arguments(script):
+    done = subprocess.run([sys.executable, script, "--help"], cwd=BENCHMARKS, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--results" in done.stdout
