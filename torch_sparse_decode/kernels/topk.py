@@ -17,13 +17,12 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   <= STAGES tiles stays resident: later passes read shared memory, not the row.
 - Spans of more than ONE_READ_FROM keys (two tiles) take one read: the first pass copies each
   key above a gate, guessed from the CTA's first tile to leave about twice its share of the best
-  k_sel above it,
-  with no CTA barrier (warps claim room; the parts are put in index order after the pass), and
-  the digits are read off the copies alone. The answer is exact when every CTA's gate is <= t,
-  which is checked; otherwise (and for shorter spans) two passes: after the first digit a CTA
-  whose keys at or above t's bucket fit in shared memory copies them there in index order;
-  tie-heavy spans, whose bucket holds most of the span, pass over it once per digit instead
-  (four passes, still exact). That ordered copy costs one CTA barrier per tile.
+  k_sel above it, with no CTA barrier (warps claim room; the parts are put in index order after
+  the pass), and the digits are read off the copies alone. The answer is exact when every CTA's
+  gate is <= t, which is checked; otherwise (and for shorter spans) two passes: after the first
+  digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
+  order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
+  instead (four passes, still exact). That ordered copy costs one CTA barrier per tile.
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
