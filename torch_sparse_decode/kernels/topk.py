@@ -163,6 +163,13 @@ def cluster_sync(ranks: cutlass.Constexpr[int]):
 
 
 @cute.jit
+def clear_hists(hist: cute.Tensor, tid: Int32):
+    """Zero the three digits' histograms (3 * BINS counters), FINE * 3 per thread."""
+    for b in cutlass.range_constexpr(3 * FINE):
+        hist[b * THREADS + tid] = Int32(0)
+
+
+@cute.jit
 def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     """(sum of ``value`` over lower threads, sum over the CTA); a barrier on both sides."""
     lane, warp = tid % 32, tid // 32
@@ -631,8 +638,7 @@ class RadixTopk:
         kept = Int32(0)
         last = 1 if self.ord16 else 2  # ord16 keys (ord16 << 16) are whole after two digits
         if n > k_sel:
-            for b in cutlass.range_constexpr(3 * FINE):
-                hist[b * THREADS + tid] = Int32(0)
+            clear_hists(hist, tid)
             if tid == 0:
                 claimed[0] = Int32(0)
             cute.arch.sync_threads()
@@ -650,8 +656,7 @@ class RadixTopk:
                 if tid == 0:
                     shared[2] = kept
                     shared[3] = Int32(gate)
-                for b in cutlass.range_constexpr(3 * FINE):
-                    hist[b * THREADS + tid] = Int32(0)
+                clear_hists(hist, tid)
                 cluster_sync(self.ranks)
                 copied, gates = cute.make_rmem_tensor(self.ranks, Int32), cute.make_rmem_tensor(self.ranks, Uint32)
                 for r in cutlass.range_constexpr(self.ranks):
@@ -671,8 +676,7 @@ class RadixTopk:
                     self.mark(marks, 2)
                 if found == 0:
                     cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
-                    for b in cutlass.range_constexpr(3 * FINE):
-                        hist[b * THREADS + tid] = Int32(0)
+                    clear_hists(hist, tid)
                     cute.arch.sync_threads()
             if found == 0:
                 # Two passes: histogram the first digit over the span; then a CTA whose keys at or
