@@ -97,14 +97,14 @@ def test_monotone_and_periodic_rows():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_read_gates_that_fail(dtype):
-    """Spans of > STAGES tiles take the one-read path: each CTA copies its keys above a gate
+    """Spans of > ONE_READ_FROM keys take the one-read path: each CTA copies its keys above a gate
     guessed from its first tile. Rows built so that the guesses fail every way must fall back to
     two passes and stay exact: a gate above the k-th key (a CTA's first tile far above the rest
     of the row), a copy that overflows (rising rows, a first tile far below), too few copied
     (falling rows), all keys equal; and rows where the guess holds, one with the whole top k in
     a window of a few warps' parts of one CTA's tiles (large parts to put in index order)."""
     width = 1 << 19
-    assert cluster_size(7, width) == 8 and width // 8 > topk.STAGES * topk.TILE
+    assert cluster_size(7, width) == 8 and width // 8 > topk.ONE_READ_FROM
     span = width // 8
     x = torch.randn(7, width, generator=torch.Generator().manual_seed(5))
     x[6, 200000:203000] += 20.0
@@ -131,7 +131,8 @@ def test_one_read_path_taken_where_it_should_be():
     out = poisoned((2, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), lengths.cuda(), width, 1, k, out)
     ends = out[:, k + 1:].reshape(2, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu()
-    gated, from_copies, first_digit = ends[..., 0] > 0, ends[..., 1] > 0, ends[..., 2] > 0
+    gated, from_copies, first_digit = (ends[..., topk.PHASES.index(name)] > 0 for name in
+                                       ("gated pass + index order", "digits from the copies", "first-digit pass"))
     assert gated.all()
     assert from_copies[0].all() and not first_digit[0].any()
     assert not from_copies[1].any() and first_digit[1].all()
@@ -144,9 +145,9 @@ def test_one_read_k_range(k, kind):
     """The one-read path over the range of k: each CTA's share of k sets its gate (k = 1 copies
     about two keys per CTA; k = 4096 fills the copies most), with ties and NaN on the way."""
     width = 1 << 19
-    assert cluster_size(4, width) == 8 and width // 8 > topk.STAGES * topk.TILE
+    assert cluster_size(4, width) == 8 and width // 8 > topk.ONE_READ_FROM
     x = scores(kind, (4, width), seed=k)
-    edge = 8 * topk.STAGES * topk.TILE  # longer rows take the one-read path, this one does not
+    edge = 8 * topk.ONE_READ_FROM  # longer rows take the one-read path, this one does not
     lengths = torch.tensor([width, edge + 1, edge, 7 * width // 8 + 3], dtype=torch.int32)
     assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
 

@@ -15,14 +15,14 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   alignment, nothing read past the valid prefix); each warp copies and reads only its own
   contiguous part of every tile, so the pipeline needs warp syncs, not CTA barriers. A span of
   <= STAGES tiles stays resident: later passes read shared memory, not the row.
-- Spans of more than STAGES tiles take one read: the first pass copies each key above a gate,
-  guessed from the CTA's first tile to leave about twice its share of the best k_sel above it,
-  with no CTA barrier (warps claim room; the parts are put in index order after the pass), and
-  the digits are read off the copies alone. The answer is exact when every CTA's gate is <= t,
-  which is checked; otherwise (and for shorter spans) two passes: after the first digit a CTA
-  whose keys at or above t's bucket fit in shared memory copies them there in index order;
-  tie-heavy spans, whose bucket holds most of the span, pass over it once per digit instead
-  (four passes, still exact). That ordered copy costs one CTA barrier per tile.
+- Spans of more than ONE_READ_FROM keys (two tiles) take one read: the first pass copies each
+  key above a gate, guessed from the CTA's first tile to leave about twice its share of the best
+  k_sel above it, with no CTA barrier (warps claim room; the parts are put in index order after
+  the pass), and the digits are read off the copies alone. The answer is exact when every CTA's
+  gate is <= t, which is checked; otherwise (and for shorter spans) two passes: after the first
+  digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
+  order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
+  instead (four passes, still exact). That ordered copy costs one CTA barrier per tile.
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
@@ -65,16 +65,25 @@ CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first dig
 MAX_CLUSTER = 8
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
+# Spans of more keys than this (per CTA) take the one-read path. Two tiles: from three tiles up
+# the gated copy beats the resident two passes (32 x 64K ord16: 24.5 -> 20.7 us), at one or two
+# it does not (8 x 128K 16.9 -> 17.3, 1 x 64K ord16 13.7 -> 14.7; benchmarks/RESULTS.md).
+ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
 # Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
 # cycles since the kernel began (0 for a phase the row did not take).
-PHASES = ("gated pass + index order", "exchange + digits from the copies", "first-digit pass",
-          "digit 0 + copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
+PHASES = ("gated pass + index order", "exchange", "digits from the copies", "first-digit pass", "digit 0",
+          "copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
 # Per CTA, after its phases: the global timer (ns, low 32 bits) at its start and its end, to see
 # when CTAs run relative to each other (SM clocks are not synchronized across SMs).
 PROFILE_SLOTS = len(PHASES) + 2
+
+
+def mark_slot(phase: str) -> int:
+    """Where a profiled build keeps the clock at the end of a phase (0: the kernel's start)."""
+    return 0 if phase == "start" else PHASES.index(phase) + 1
 
 
 @cute.jit
@@ -207,10 +216,11 @@ class RadixTopk:
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
     @cute.jit
-    def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[int]):
-        """With ``profile``: the SM clock at the end of a phase (PHASES names them)."""
+    def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
+        """With ``profile``: the SM clock at the end of the phase named (PHASES; "start": the
+        kernel's start)."""
         if cutlass.const_expr(self.profile):
-            marks[phase] = Int64(cute.arch.clock64())
+            marks[mark_slot(phase)] = Int64(cute.arch.clock64())
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -608,7 +618,7 @@ class RadixTopk:
         began = Int64(0)
         if cutlass.const_expr(self.profile):
             began = cute.arch.globaltimer()  # ns, the same clock on every SM
-            self.mark(marks, 0)
+            self.mark(marks, "start")
             for phase in cutlass.range_constexpr(1, len(PHASES) + 1):
                 marks[phase] = marks[0]  # a phase the row does not take reads 0
 
@@ -648,10 +658,10 @@ class RadixTopk:
             # hold every key >= t), which the end checks; else the two-pass path below.
             share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
             target = min(2 * share, Int32(CAP * 3 // 4))
-            if (per_cta > STAGES * TILE) & (4 * target >= 5 * share):
+            if (per_cta > ONE_READ_FROM) & (4 * target >= 5 * share):
                 kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
                                              buf_key, buf_id, claimed, segments, keys, ids, tid)
-                self.mark(marks, 1)
+                self.mark(marks, "gated pass + index order")
                 refetch = Boolean(True)
                 if tid == 0:
                     shared[2] = kept
@@ -669,11 +679,12 @@ class RadixTopk:
                     total = total + copied[r]
                     fits = fits & Int32(copied[r] <= CAP)
                     highest = max(highest, gates[r])
+                self.mark(marks, "exchange")
                 if (total >= k_sel) & (fits == 1):
                     t, take, mine_above = self.digits_from_copy(0, hist, buf_key, kept, Uint32(0), k_sel, Int32(0),
                                                                 coarse, fine, result, warp_sums, tid)
                     found = Int32(t >= highest)
-                    self.mark(marks, 2)
+                    self.mark(marks, "digits from the copies")
                 if found == 0:
                     cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
                     clear_hists(hist, tid)
@@ -683,13 +694,14 @@ class RadixTopk:
                 # above t's bucket fit in shared memory copies them there (in index order),
                 # counting the second digit on the way, and never passes over the span again.
                 self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
-                self.mark(marks, 3)
+                self.mark(marks, "first-digit pass")
                 refetch = tiles > STAGES
                 digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums,
                                                            tid)
                 t = Uint32(digit) << Uint32(DIGITS[0][0])
                 _, mine_above = exclusive_scan(above_part, warp_sums, tid)
                 kept = mine_above + hist[digit]
+                self.mark(marks, "digit 0")
                 if kept <= CAP:
                     written = Int32(0)
                     self.begin_pass(src, ring, span, refetch, tid)
@@ -700,13 +712,13 @@ class RadixTopk:
                 else:
                     self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
                 cute.arch.sync_threads()
-                self.mark(marks, 4)
+                self.mark(marks, "copy pass")
                 t, take, mine_above = self.digits_from_copy(1, hist, buf_key, kept, t, k_sel - above, above_part,
                                                             coarse, fine, result, warp_sums, tid, src, ring, span,
                                                             refetch, keys, ids)
             mine_tied = hist[last * BINS + digit_of(t, last)]
 
-        self.mark(marks, 5)
+        self.mark(marks, "digits 1-2")
 
         # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
         if tid == 0:
@@ -731,7 +743,7 @@ class RadixTopk:
                 eq_before = eq_run
             out_total = out_total + taken
             eq_run = eq_run + eq_r
-        self.mark(marks, 6)
+        self.mark(marks, "offsets")
         # Ties need ranks in index order only when some of them are left out.
         ranked = (eq_before < take) & (eq_before + mine_tied > take)
 
@@ -756,7 +768,7 @@ class RadixTopk:
                                                 tile % 2, tid)
                 written = written + added
                 eq_before = eq_before + tied
-        self.mark(marks, 7)
+        self.mark(marks, "output")
         if rank == self.ranks - 1:
             pad_from = out_total
             if cutlass.const_expr(self.pinned):
@@ -768,7 +780,7 @@ class RadixTopk:
                 out[row, i] = Int32(-1)
         cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
-            self.mark(marks, len(PHASES))
+            self.mark(marks, "padding + last barrier")
             ended = cute.arch.globaltimer()
             if tid == 0:
                 at = k_sel + 1 + rank * PROFILE_SLOTS
