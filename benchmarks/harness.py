@@ -81,6 +81,7 @@ def floor_bandwidth_tbs() -> tuple[float, float]:
 
 
 def commit() -> str:
+    # The device machine's copy carries the .git of the session's start, not later commits.
     if os.environ.get("TSD_COMMIT"):
         return os.environ["TSD_COMMIT"]
     try:
