@@ -14,14 +14,10 @@ Per T in {1, 8, 32}, beside each other in one run:
 
 from __future__ import annotations
 
-import os
-import tempfile
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from harness import Table, graph_us, parser, rotation
+from harness import Table, graph_us, parser, rotation, spawn_ranks
 
 K = 2048
 LOCAL = 65536
@@ -144,12 +140,7 @@ def main() -> None:
     if args.merge_only:
         simulated(args.results, args.quick)
         return
-    world_size = 2
-    if torch.cuda.device_count() < world_size:
-        raise SystemExit(f"needs {world_size} GPUs")
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_rank_main, args=(world_size, os.path.join(tmp, "store"), args.quick, args.results),
-                 nprocs=world_size, join=True)
+    spawn_ranks(_rank_main, 2, args.quick, args.results)
 
 
 if __name__ == "__main__":

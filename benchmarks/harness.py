@@ -9,6 +9,7 @@ import datetime
 import os
 import statistics
 import subprocess
+import tempfile
 from typing import Callable, Sequence
 
 import torch
@@ -16,6 +17,17 @@ import torch
 CALLS_PER_GRAPH = 20
 REPLAYS = 50
 ROTATE_BYTES = 4 * 60 * 2**20  # four times the H200's 60 MB L2
+
+
+def spawn_ranks(rank_main: Callable, world_size: int, *args) -> None:
+    """``rank_main(rank, world_size, store, *args)`` in one process per GPU, the process group's
+    file store in a temporary folder."""
+    import torch.multiprocessing as mp
+
+    if torch.cuda.device_count() < world_size:
+        raise SystemExit(f"needs {world_size} GPUs")
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(rank_main, args=(world_size, os.path.join(tmp, "store"), *args), nprocs=world_size, join=True)
 
 
 def rotation(make_inputs: Callable[[int], Sequence[torch.Tensor]], bytes_per_set: int) -> list:

@@ -12,7 +12,8 @@ SCRIPTS = sorted(f for f in os.listdir(BENCHMARKS) if f.endswith(".py") and f !=
 
 
 def test_every_benchmark_script_is_listed():
-    assert {"bench_topk.py", "bench_dcp.py", "bench_moe_route.py", "compare_topk.py", "profile_topk.py"} <= set(SCRIPTS)
+    assert {"bench_topk.py", "bench_dcp.py", "bench_moe_route.py", "compare_topk.py", "profile_topk.py",
+            "profile_dcp.py"} <= set(SCRIPTS)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

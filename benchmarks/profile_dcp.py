@@ -1,0 +1,103 @@
+"""Where a DCP one-round step's time goes, on 2 GPUs (W = 2, K = 2048, 64K local tokens), all in
+CUDA graphs (SPEC 3). Four calls timed beside each other, per T in {1, 8, 32}:
+
+- select: the local top-K alone (the engine, ord16 keys);
+- local part: select + pack into a local buffer (bench_dcp.py's "local part");
+- no merge: select + pack + push into the peers, then the merge kernel's bounded wait and step
+  advance with the merge cut out (``_wait_only`` below);
+- full step: the op (``dcp_topk_merge``).
+
+Differences give the parts: pack = local part - select; exchange (push, release, the wait across
+GPUs, one more launch) = no merge - local part; merge = full step - no merge.
+
+    python benchmarks/profile_dcp.py [--quick] [--results FILE]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import triton
+import triton.language as tl
+
+from harness import Table, graph_us, parser, rotation, spawn_ranks
+from torch_sparse_decode.kernels.dcp import _arrived, _now
+
+K = 2048
+LOCAL = 65536
+
+
+@triton.jit
+def _wait_only(state, flags, flag_rank_stride, parity_flags, timeout_ns, W: tl.constexpr, WP2: tl.constexpr):
+    """The merge kernel's wait for every rank's flag of the row and its step advance, no merge."""
+    row = tl.program_id(0).to(tl.int64)
+    seq = tl.load(state)
+    want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
+    ranks = tl.arange(0, WP2)
+    row_flags = flags + (seq & 1) * parity_flags + row
+    arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+    if arrived < W:
+        start = _now()
+        while (arrived < W) & (_now() - start < timeout_ns):
+            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+    if arrived < W:
+        tl.atomic_or(state + 2, 1)
+    if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(state + 1, 0)
+        tl.store(state, tl.load(state) + 1)
+
+
+def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world_size)
+    group = dist.group.WORLD
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL), "no one-round merge"
+    ws = kernels.WORKSPACES[(group.group_name, K)]
+    table = Table(f"DCP step parts, W = {world_size}, K = {K}, {LOCAL >> 10}K local tokens (us per step, rank 0)",
+                  ["T", "select", "local part", "no merge", "full step", "pack", "exchange", "merge"])
+    for rows in (1, 8) if quick else (1, 8, 32):
+        def make(seed: int):
+            gen = torch.Generator(device="cuda").manual_seed(1000 * seed + rank)
+            return (torch.randn(rows, LOCAL, device="cuda", generator=gen),
+                    torch.full((rows,), LOCAL, dtype=torch.int32, device="cuda"))
+
+        sets = rotation(make, rows * LOCAL * 4)
+        packed = torch.empty(rows, ws.packed_words, dtype=torch.int32, device="cuda")
+        rescue = torch.empty(rows, ws.rescue_words, dtype=torch.int32, device="cuda")
+
+        def select(i: int) -> None:
+            kernels.local_topk_ids(*sets[i % len(sets)], ws.ids[:rows])
+
+        def local(i: int) -> None:
+            kernels.dcp_pack(*sets[i % len(sets)], world_size, rank, K, packed, rescue)
+
+        def no_merge(i: int) -> None:
+            scores, lengths = sets[i % len(sets)]
+            kernels.local_topk_ids(scores, lengths, ws.ids[:rows])
+            kernels.push_rows(ws, ws.ids[:rows], scores)
+            _wait_only[(rows,)](ws.state, ws.flags, ws.max_rows, ws.flags_parity, ws.timeout_ns, W=world_size,
+                                WP2=triton.next_power_of_2(world_size), num_warps=1)
+
+        def full(i: int) -> None:
+            dcp.dcp_topk_merge(*sets[i % len(sets)], K, group)
+
+        t_select, t_local, t_no_merge, t_full = (graph_us(f) for f in (select, local, no_merge, full))
+        dcp.dcp_topk_merge_check(group)
+        table.add(rows, t_select, t_local, t_no_merge, t_full, t_local - t_select, t_no_merge - t_local,
+                  t_full - t_no_merge)
+    if rank == 0:
+        table.emit(results)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    spawn_ranks(_rank_main, 2, args.quick, args.results)
+
+
+if __name__ == "__main__":
+    main()
