@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from harness import Table, graph_us, parser, rotation, spawn_ranks
-from torch_sparse_decode.kernels.dcp import _arrived, _now
+from torch_sparse_decode.kernels.dcp import _advance_step, _wait_arrived
 
 K = 2048
 LOCAL = 65536
@@ -35,16 +35,9 @@ def _wait_only(state, flags, flag_rank_stride, parity_flags, timeout_ns, W: tl.c
     want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
     ranks = tl.arange(0, WP2)
     row_flags = flags + (seq & 1) * parity_flags + row
-    arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-    if arrived < W:
-        start = _now()
-        while (arrived < W) & (_now() - start < timeout_ns):
-            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-    if arrived < W:
+    if _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W) < W:
         tl.atomic_or(state + 2, 1)
-    if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-        tl.store(state + 1, 0)
-        tl.store(state, tl.load(state) + 1)
+    _advance_step(state)
 
 
 def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str) -> None:

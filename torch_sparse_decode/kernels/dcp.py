@@ -409,6 +409,26 @@ def _arrived(flags, rank_stride, want, ranks, W: tl.constexpr):
 
 
 @triton.jit
+def _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W: tl.constexpr):
+    """``_arrived``, polled until every rank's flag holds ``want`` or ``timeout_ns`` ran out."""
+    arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+    if (arrived < W) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
+        start = _now()
+        while (arrived < W) & (_now() - start < timeout_ns):
+            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+    return arrived
+
+
+@triton.jit
+def _advance_step(state):
+    """The last row's program to finish advances the step (every program has read the sequence
+    by then)."""
+    if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
+        tl.store(state + 1, 0)
+        tl.store(state, tl.load(state) + 1)
+
+
+@triton.jit
 def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
                scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
                state, flags, flag_rank_stride, parity_gathered, parity_rescue, parity_flags, timeout_ns,
@@ -430,11 +450,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
         ranks = tl.arange(0, WP2)
         row_flags = flags + parity * parity_flags + row
-        arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-        if (arrived < W) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
-            start = _now()
-            while (arrived < W) & (_now() - start < timeout_ns):
-                arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
+        arrived = _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W)
         tl.debug_barrier()  # every thread reads the rows after the flags were acquired
         ok = arrived == W
     else:
@@ -450,10 +466,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         tl.store(local_count, 0)
         tl.atomic_or(state + 2, 1)
     if EXCHANGE:
-        # The last row to finish advances the step (every program has read the sequence by then).
-        if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
-            tl.store(state + 1, 0)
-            tl.store(state, tl.load(state) + 1)
+        _advance_step(state)
 
 
 # ------------------------------------------------------------------------------- launching
