@@ -103,15 +103,16 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
 
 
 def simulated(results: str, quick: bool) -> None:
-    """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table),
-    at the shipped warps per row and the alternatives."""
+    """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table):
+    the shipped CuTe merge beside the Triton one (the CPU interpreter's twin)."""
     from torch_sparse_decode import dcp
     from torch_sparse_decode.kernels import dcp as kernels
 
-    shipped = kernels.MERGE_WARPS
-    warps = (4, 8, 16)
-    table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call; shipped: {shipped} warps)",
-                  ["W", "T", *(f"merge, {w} warps" for w in warps), "candidates per row"])
+    shipped = kernels.MERGE_KERNEL
+    merges = ("cute", "triton")
+    table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call; shipped: {shipped}; "
+                  f"Triton at {kernels.MERGE_WARPS} warps)",
+                  ["W", "T", *(f"merge, {m}" for m in merges), "candidates per row"])
     for world_size in (2, 4, 8, 16):
         for rows in (1, 8) if quick else (1, 8, 32):
             local = LOCAL * 2 // world_size
@@ -125,10 +126,10 @@ def simulated(results: str, quick: bool) -> None:
             count = torch.empty(rows, dtype=torch.int32, device="cuda")
             call = lambda i: kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count)  # noqa: E731
             times = []
-            for w in warps:
-                kernels.MERGE_WARPS = w
+            for merge in merges:
+                kernels.MERGE_KERNEL = merge
                 times.append(graph_us(call))
-            kernels.MERGE_WARPS = shipped
+            kernels.MERGE_KERNEL = shipped
             table.add(world_size, rows, *times, world_size * dcp.dcp_merge_local_topk(K, world_size))
     table.emit(results)
 

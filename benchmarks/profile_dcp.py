@@ -10,7 +10,11 @@ CUDA graphs (SPEC 3). Four calls timed beside each other, per T in {1, 8, 32}:
 Differences give the parts: pack = local part - select; exchange (push, release, the wait across
 GPUs, one more launch) = no merge - local part; merge = full step - no merge.
 
-    python benchmarks/profile_dcp.py [--quick] [--results FILE]
+With ``--merge`` (one GPU): the CuTe merge kernel's phases (a profiled build stamps thread 0's
+clock at the end of each, kernels/dcp_merge.py PHASES), simulated W ranks, median over rows and
+calls, beside the time per call of the shipped build.
+
+    python benchmarks/profile_dcp.py [--quick] [--merge] [--results FILE]
 """
 
 from __future__ import annotations
@@ -87,8 +91,52 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     dist.destroy_process_group()
 
 
+def merge_phases(results: str, quick: bool) -> None:
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.kernels import dcp_merge
+
+    phases = dcp_merge.PHASES
+    table = Table(f"CuTe DCP merge phases, simulated W ranks, K = {K}, T = 8 (cycles since the start at each "
+                  "phase's end, median over rows and 20 calls; us per call of the unprofiled build)",
+                  ["W", "us per call", *phases])
+    rows = 8
+    for world_size in (2,) if quick else (2, 16):
+        local = LOCAL * 2 // world_size
+        x = torch.randn(world_size, rows, local, device="cuda")
+        lengths = torch.full((world_size, rows), local, dtype=torch.int32, device="cuda")
+        packs = [dcp.pack_candidates(x[r], lengths[r], world_size, r, K) for r in range(world_size)]
+        gathered = torch.stack([p for p, _ in packs]).contiguous()
+        rescue = torch.stack([q for _, q in packs])
+        peers = kernels.stacked_peers(rescue)
+        flat = gathered.view(-1)
+        count = torch.empty(rows, dtype=torch.int32, device="cuda")
+
+        def run(profile: bool, outs):
+            merge = dcp_merge.compiled(world_size, K, False, profile)
+            merge(flat, gathered.stride(0), gathered.stride(1), peers, 0, rescue.stride(1), outs[0], outs[1],
+                  count, 0, peers, flat, 0, 0, 0, 0, 0)
+
+        plain = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
+        us = graph_us(lambda i: run(False, plain))
+        wide = [torch.empty(rows, K + len(phases), dtype=torch.int32, device="cuda") for _ in range(2)]
+        marks = []
+        for _ in range(20):
+            run(True, wide)
+            marks.append(wide[0][:, K:].clone())
+        assert torch.equal(wide[0][:, :K], plain[0]), "the profiled build's ids differ"
+        med = torch.cat(marks).float().median(dim=0).values.tolist()
+        table.add(world_size, us, *(int(m) for m in med))
+    table.emit(results)
+
+
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    cli = parser(__doc__)
+    cli.add_argument("--merge", action="store_true", help="the CuTe merge kernel's phases (one GPU)")
+    args = cli.parse_args()
+    if args.merge:
+        merge_phases(args.results, args.quick)
+        return
     spawn_ranks(_rank_main, 2, args.quick, args.results)
 
 

@@ -34,6 +34,15 @@ def test_topk_engine_profile_build_compiles():
     assert topk.compiled(torch.float32, False, 2, profile=True) is not None
 
 
+@pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 100), (16, 64), (2, 4096), (16, 4096)])
+def test_dcp_merge_compiles(world_size, topk):
+    """The CuTe DCP merge, simulated and in a step, at the fewest and the most candidates per row."""
+    from torch_sparse_decode.kernels import dcp_merge
+
+    for exchange in (False, True):
+        assert dcp_merge.compiled(world_size, topk, exchange) is not None
+
+
 def test_triton_kernels_compile_for_sm90():
     """Every Triton kernel (block keys, DCP pack and merge) builds for SM90 at its decode shapes."""
     import os

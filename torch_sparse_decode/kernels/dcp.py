@@ -36,7 +36,10 @@ from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
-MERGE_WARPS = 8  # warps per merge program (one row); bench_dcp.py times the alternatives
+MERGE_WARPS = 8  # warps per Triton merge program (one row)
+# The merge on CUDA tensors: "cute" (kernels/dcp_merge.py, shipped) or "triton" (``_dcp_merge``,
+# which the CPU interpreter runs in CI); bench_dcp.py times both.
+MERGE_KERNEL = "cute"
 
 
 @triton.jit
@@ -491,6 +494,15 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     world_size, rows, words = gathered.shape
     if not rows:
         return
+    n = words * 32 // 33
+    if _cute_merge(gathered):
+        from .dcp_merge import compiled
+
+        gathered = gathered.contiguous()
+        compiled(world_size, topk, False)(
+            gathered.view(-1), gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride, global_ids,
+            local_ids, local_count, rank, peers, gathered.view(-1), 0, 0, 0, 0, 0)
+        return
     kp2 = triton.next_power_of_2(topk)
     bitmap_words = _bitmap_words(world_size)
     scratch = torch.zeros(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
@@ -498,10 +510,15 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
         gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
         peers, peers, 0, 0, 0, 0, 0,
-        W=world_size, WP2=triton.next_power_of_2(world_size), N=words * 32 // 33,
-        NP2=triton.next_power_of_2(words * 32 // 33), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False,
+        W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
+        NP2=triton.next_power_of_2(n), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False,
         num_warps=MERGE_WARPS,
     )
+
+
+def _cute_merge(t: torch.Tensor) -> bool:
+    """Whether the merge of rows on ``t``'s device is the CuTe kernel (CUDA), else the Triton one."""
+    return t.is_cuda and MERGE_KERNEL == "cute"
 
 
 def stacked_peers(rescue: torch.Tensor) -> torch.Tensor:
@@ -582,16 +599,25 @@ class Workspace:
         self.rescue = buffer[self.rescue_offset:]
         self.flags = buffer[self.flags_offset:]
         # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
-        # the merge's bitmap and prefix counts.
+        # the Triton merge's bitmaps (the CuTe merge keeps its own in shared memory).
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
         self.max_local_len = max_local_len  # the widest step that takes the one-round path
         self.bitmap_words = _bitmap_words(world_size, max_local_len)
-        self.scratch = torch.zeros(max_rows, 2 * self.bitmap_words, dtype=torch.int32, device=device)
+        self.scratch = None
+        if not _cute_merge(self.ids):
+            self.triton_scratch()
 
     @staticmethod
     def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
         pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
         return 2 * max_rows * (world_size * pw + rw + world_size)
+
+    def triton_scratch(self) -> torch.Tensor:
+        """The Triton merge's bitmaps (zero between steps), made on first use."""
+        if self.scratch is None:
+            self.scratch = torch.zeros(self.max_rows, 2 * self.bitmap_words, dtype=torch.int32,
+                                       device=self.buffer.device)
+        return self.scratch
 
     def failed(self) -> bool:
         """Whether a wait for a peer ran out (host sync: call outside captured steps)."""
@@ -661,10 +687,18 @@ def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
 def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
     """Wait for every rank's rows of the step, merge them, advance the step."""
     w = ws.world_size
+    if _cute_merge(global_ids):
+        from .dcp_merge import compiled
+
+        compiled(w, ws.topk, True)(
+            ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
+            global_ids, local_ids, local_count, ws.rank, ws.state, ws.flags, ws.max_rows,
+            ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns)
+        return
     _dcp_merge[(global_ids.shape[0],)](
         ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
-        ws.scratch, ws.scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, ws.topk, ws.rank,
-        ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
+        ws.triton_scratch(), ws.bitmap_words * 2, global_ids, local_ids, global_ids.stride(0), local_count, ws.topk,
+        ws.rank, ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
         W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
         R=rescue_row_slots(ws.topk),
         KP2=triton.next_power_of_2(ws.topk), WORDS=ws.bitmap_words, EXCHANGE=True, num_warps=MERGE_WARPS,

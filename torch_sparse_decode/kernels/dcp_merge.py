@@ -1,0 +1,503 @@
+"""The DCP one-round merge on the GPU (CuTe DSL): ``merge_rows`` / ``merge_step``'s CUDA kernel.
+
+One CTA of 512 threads per row, everything between the flags and the outputs in shared memory:
+
+- Wait (a step): thread 0 polls the row's W flags (acquire, system scope, bounded by
+  ``%globaltimer``) while the others clear shared memory.
+- The W sent B' rows (W * N <= 6240 candidates) go into registers as (ord16, global id).
+- t16, the ord16 of the K-th candidate, in two 8-bit digits: a 256-bin shared histogram each,
+  scanned from the top by one warp (8 bins a lane). Per rank, the lowest sent ord16 (an empty
+  slot counts as -1) gives the saturation test "a full row whose lowest ord16 >= t16" (a superset
+  of the exact test; rescuing a rank that did not need it adds only candidates of its local
+  top-K, so the answer stays exact). With any saturated rank the candidates (its rescue row,
+  read through the address table, in place of its sent row) are streamed from memory through
+  the same two digits and the output instead.
+- Output, ascending whatever the slot order: candidates at or above t16 set bits of two shared
+  bitmaps over global ids (S: above t16, T: at t16), 2**17 ids a chunk; one scan of the words'
+  popcounts gives each selected id its slot, S below + min(T below, ties), and a tie is taken
+  iff its T rank < ties. The ids land in shared memory, then go out coalesced; this rank's local
+  ids come from one masked scan of them.
+- A step's last CTA advances the step counter (the buffers' parity); a timed-out wait writes no
+  ids (-1, count 0) and sets the error word.
+
+Why CuTe DSL: the merge is a chain of CTA-wide steps on a few thousand keys (latency, not
+bandwidth); shared-memory atomics, warp votes and one-warp scans make each step a barrier or two,
+where the Triton merge (``kernels/dcp.py``, which the CPU interpreter runs in CI) needs block-wide
+reductions. Both take the same arguments and give bit-identical results.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32
+
+from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
+
+THREADS = 512
+WARPS = THREADS // 32
+DIGIT_BINS = 256  # ord16 in two 8-bit digits
+CHUNK_WORDS = 4096  # output bitmap words per chunk: 2**17 global ids
+CHUNK_IDS = 32 * CHUNK_WORDS
+OWN_WORDS = CHUNK_WORDS // THREADS  # bitmap words each thread scans (contiguous)
+MAX_K = 4096  # the ops' topk limit (ops.TOPK_MAX_K): the selected ids stay in shared memory
+T_SHIFT = 15  # packed bitmap counts: S (< K <= 4096) below bit 15, T (< 2**17) above
+# Where a profiled build (``compiled(..., profile=True)``) stamps thread 0's clock: the end of
+# each phase, as cycles since the kernel began, into ``global_ids[row, self.K + phase]``.
+PHASES = ("wait + clear", "load", "high digit", "low digit", "saturation", "set bits", "scan", "emit", "global ids",
+          "local ids")
+
+
+def mark_slot(phase: str) -> int:
+    return 0 if phase == "start" else PHASES.index(phase) + 1
+
+
+# info slots (shared): digit found, keys above it, keys wanted, the wait's result, the highest live id
+DIGIT, ABOVE, NEED, ARRIVED, TOP = range(5)
+
+
+@cute.jit
+def candidate(word: Int32, plane: Int32, j: Int32, rank, world_size: cutlass.Constexpr[int]):
+    """(ord16, or -1 for an empty slot; global id) of B' slot j (``plane``: its plane word)."""
+    local = (Int32(0xFFFF) - (word & Int32(0xFFFF))) | (((plane >> (j % 32)) & Int32(1)) << 16)
+    key = cutlass.select_(word != Int32(0), (word >> 16) & Int32(0xFFFF), Int32(-1))
+    return key, local * world_size + rank
+
+
+@cute.jit
+def count_in(hist: cute.Tensor, b: Int32):
+    """hist[b] += 1 (shared). An atomic: ``red.shared`` was 2.8x slower on the H200 under the
+    digits' contention (a few bins take most keys)."""
+    cute.arch.atomic_add(hist.iterator + b, Int32(1))
+
+
+@cute.jit
+def popc(x: Uint32) -> Int32:
+    return Int32(cute.arch.popc(x))
+
+
+@cute.jit
+def warp_inclusive(value: Int32, lane: Int32) -> Int32:
+    """Sum of ``value`` over this lane and the lower ones."""
+    for s in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(value, offset=1 << s)
+        if lane >= (1 << s):
+            value = value + other
+    return value
+
+
+@cute.jit
+def block_exclusive(value: Int32, warp_sums: cute.Tensor, tid: Int32):
+    """(sum of ``value`` over the lower threads, sum over the CTA): one barrier, then each warp
+    scans the warp sums itself. ``warp_sums`` must not be written again before another barrier."""
+    lane, warp = tid % 32, tid // 32
+    inclusive = warp_inclusive(value, lane)
+    if lane == 31:
+        warp_sums[warp] = inclusive
+    cute.arch.sync_threads()
+    part = cutlass.select_(lane < WARPS, warp_sums[lane % WARPS], Int32(0))
+    parts = warp_inclusive(part, lane)
+    before = cute.arch.shuffle_sync(parts - part, warp)
+    return before + inclusive - value, cute.arch.shuffle_sync(parts, WARPS - 1)
+
+
+@cute.jit
+def warp_min(x: Int32) -> Int32:
+    return cute.arch.inline_ptx("redux.sync.min.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
+                                read_only_args=[x])
+
+
+@cute.jit
+def warp_max(x: Int32) -> Int32:
+    return cute.arch.inline_ptx("redux.sync.max.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
+                                read_only_args=[x])
+
+
+@cute.jit
+def global_row(address: Int64) -> cute.Tensor:
+    """int32 words at a raw global address (a peer's buffer from the address table)."""
+    ptr = cute.make_ptr(Int32, address, cute.AddressSpace.gmem, assumed_align=4)
+    return cute.make_tensor(ptr, cute.make_layout(1 << 30))
+
+
+class DcpMerge:
+    """The merge for one static configuration: world size W, topk K (so sent slots N and rescue
+    slots R), and whether it is a step's (flags, parity, step counter) or a simulated merge's."""
+
+    def __init__(self, world_size: int, topk: int, exchange: bool, profile: bool = False):
+        self.W, self.K, self.exchange, self.profile = world_size, topk, exchange, profile
+        self.N, self.R = dcp_merge_local_topk(topk, world_size), rescue_row_slots(topk)
+        self.rounds = -(-topk // THREADS)  # 32-slot rounds of each warp in the output
+        self.per = -(-world_size * self.N // THREADS)  # sent candidates per thread (registers)
+
+    @cute.jit
+    def __call__(self, gathered: cute.Tensor, rank_stride: Int32, row_stride: Int32, peers: cute.Tensor,
+                 rescue_offset: Int32, rescue_row_stride: Int32, global_ids: cute.Tensor, local_ids: cute.Tensor,
+                 local_count: cute.Tensor, rank: Int32, state: cute.Tensor, flags: cute.Tensor,
+                 flag_rank_stride: Int32, parity_gathered: Int32, parity_rescue: Int32, parity_flags: Int32,
+                 timeout_ns: Int64, stream):
+        self.kernel(gathered, rank_stride, row_stride, peers, rescue_offset, rescue_row_stride, global_ids, local_ids,
+                    local_count, rank, state, flags, flag_rank_stride, parity_gathered, parity_rescue,
+                    parity_flags, timeout_ns).launch(grid=[global_ids.shape[0], 1, 1], block=[THREADS, 1, 1],
+                                                     stream=stream)
+
+    @cute.jit
+    def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
+        """With ``profile``: the SM clock at the end of the phase named ("start": the kernel's start)."""
+        if cutlass.const_expr(self.profile):
+            marks[mark_slot(phase)] = Int64(cute.arch.clock64())
+
+    # ------------------------------------------------------------------ per-candidate actions
+    #
+    # The same actions run on the sent candidates in registers and on a streamed candidate set.
+    # ``ctx`` = (hist, info, strict, tied, prefix, picked, t16, ties, first_id, s_below, t_below).
+
+    @cute.jit
+    def act(self, action: cutlass.Constexpr[str], key: Int32, gid: Int32, ctx, top: Int32) -> Int32:
+        """One candidate's part of a pass; returns the running highest live global id."""
+        hist, info, strict, tied, prefix, picked, t16, ties, first_id, s_below, t_below = ctx
+        if cutlass.const_expr(action == "high digit"):
+            if key >= 0:
+                count_in(hist, key >> 8)
+                top = max(top, gid)
+        elif cutlass.const_expr(action == "low digit"):
+            if (key >> 8) == (t16 >> 8):  # t16 holds the high digit here
+                count_in(hist, DIGIT_BINS + (key & Int32(0xFF)))
+        else:
+            at = gid - first_id
+            inside = (key >= t16) & (key >= 0) & (at >= 0) & (at < CHUNK_IDS)
+            w = cutlass.select_(inside, at >> 5, Int32(0))  # loads outside a branch overlap
+            bit = Uint32(1) << Uint32(at & 31)
+            if cutlass.const_expr(action == "set bits"):
+                if inside:
+                    if key > t16:
+                        cute.arch.atomic_or(strict.iterator + w, bit)
+                    else:
+                        cute.arch.atomic_or(tied.iterator + w, bit)
+            else:  # "emit": the id at its slot among the selected
+                below = bit - Uint32(1)
+                counts = prefix[w]
+                s_rank = s_below + Int32(counts & Uint32((1 << T_SHIFT) - 1)) + popc(strict[w] & below)
+                t_rank = t_below + Int32(counts >> Uint32(T_SHIFT)) + popc(tied[w] & below)
+                if inside & ((key > t16) | (t_rank < ties)):
+                    picked[s_rank + min(t_rank, ties)] = gid
+        return top
+
+    @cute.jit
+    def each_sent(self, action: cutlass.Constexpr[str], keys: cute.Tensor, gids: cute.Tensor, ctx, top: Int32):
+        for i in cutlass.range_constexpr(self.per):
+            top = self.act(action, keys[i], gids[i], ctx, top)
+        return top
+
+    @cute.jit
+    def each_streamed(self, action: cutlass.Constexpr[str], gathered: cute.Tensor, sent_at: Int32,
+                      rank_stride: Int32, peers: cute.Tensor, rescue_at: Int32, saturated: Int32, ctx, tid: Int32,
+                      top: Int32):
+        """The action over every candidate of the rescued set: a saturated rank's rescue row (from
+        its buffer) in place of its sent row."""
+        for r in range(self.W):
+            rescued = ((saturated >> r) & 1) != 0
+            slots = cutlass.select_(rescued, Int32(self.R), Int32(self.N))
+            sent = Int64((gathered.iterator + (sent_at + r * rank_stride)).toint())
+            words = global_row(cutlass.select_(rescued, peers[r] + Int64(rescue_at) * 4, sent))
+            for j in range(tid, slots, THREADS):
+                key, gid = candidate(words[j], words[slots + j // 32], j, r, self.W)
+                top = self.act(action, key, gid, ctx, top)
+        return top
+
+    # ------------------------------------------------------------------------------ steps
+
+    @cute.jit
+    def scan_digit(self, hist: cute.Tensor, base: int, info: cute.Tensor, need: Int32, lane: Int32):
+        """One warp: the digit whose bin, counting down from the top bin of ``hist[base:base+256]``,
+        reaches ``need`` (need < 0: min(all keys, K)), into ``info`` with the keys in the bins above
+        it and the need. Lane l holds bins 255 - 8l .. 248 - 8l; the first lane whose bins reach
+        the need walks them. (One warp and a barrier: every warp scanning for itself was slower,
+        the phases are bound by instruction issue.)"""
+        mine = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            mine = mine + hist[base + DIGIT_BINS - 1 - 8 * lane - b]
+        inclusive = warp_inclusive(mine, lane)
+        if need < 0:
+            need = min(cute.arch.shuffle_sync(inclusive, 31), Int32(self.K))
+        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
+        if lane == popc((reached & (Uint32(0) - reached)) - Uint32(1)):
+            run = inclusive - mine
+            found = Int32(0)
+            for b in cutlass.range_constexpr(8):
+                v = hist[base + DIGIT_BINS - 1 - 8 * lane - b]
+                if (found == 0) & (run + v >= need):
+                    info[DIGIT] = DIGIT_BINS - 1 - 8 * lane - b
+                    info[ABOVE] = run
+                    found = Int32(1)
+                run = run + v
+            info[NEED] = need
+
+    @cute.jit
+    def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, gathered, sent_at, rank_stride, peers,
+                  rescue_at, saturated, ctx, tid: Int32, marks: cute.Tensor):
+        """(t16, ties, count): the K-th candidate's ord16, how many candidates at it are taken, how
+        many in all (the histograms are zero on entry). Also leaves the highest live id in info."""
+        hist, info = ctx[0], ctx[1]
+        lane, warp = tid % 32, tid // 32
+        top = Int32(-1)
+        if cutlass.const_expr(streamed):
+            top = self.each_streamed("high digit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
+                                     tid, top)
+        else:
+            top = self.each_sent("high digit", keys, gids, ctx, top)
+        top = warp_max(top)
+        if lane == 0:
+            cute.arch.atomic_max(info.iterator + TOP, top)
+        cute.arch.sync_threads()
+        if warp == 0:
+            self.scan_digit(hist, 0, info, Int32(-1), lane)
+        cute.arch.sync_threads()
+        high, above, need = info[DIGIT], info[ABOVE], info[NEED]
+        self.mark(marks, "high digit")
+        low_ctx = (*ctx[:6], high << 8, *ctx[7:])
+        if cutlass.const_expr(streamed):
+            self.each_streamed("low digit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, low_ctx,
+                               tid, top)
+        else:
+            self.each_sent("low digit", keys, gids, low_ctx, top)
+        cute.arch.sync_threads()
+        if warp == 0:
+            self.scan_digit(hist, DIGIT_BINS, info, need - above, lane)
+        cute.arch.sync_threads()
+        self.mark(marks, "low digit")
+        return (high << 8) | info[DIGIT], need - above - info[ABOVE], need
+
+    @cute.jit
+    def emit(self, streamed: bool, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
+             tid: Int32, warp_sums: cute.Tensor, marks: cute.Tensor):
+        """The selected ids, ascending, into ``picked`` (the bitmaps are zero on entry)."""
+        hist, info, strict, tied, prefix, picked, t16, ties, _, _, _ = ctx
+        chunks = info[TOP] // CHUNK_IDS + 1
+        counts = cute.make_rmem_tensor(OWN_WORDS, Int32)
+        s_below = Int32(0)
+        t_below = Int32(0)
+        for c in range(chunks):
+            chunk_ctx = (hist, info, strict, tied, prefix, picked, t16, ties, c * CHUNK_IDS, s_below, t_below)
+            if streamed:
+                self.each_streamed("set bits", gathered, sent_at, rank_stride, peers, rescue_at, saturated,
+                                   chunk_ctx, tid, Int32(0))
+            else:
+                self.each_sent("set bits", keys, gids, chunk_ctx, Int32(0))
+            cute.arch.sync_threads()
+            self.mark(marks, "set bits")
+            mine = Int32(0)
+            for q in cutlass.range_constexpr(OWN_WORDS):
+                w = tid * OWN_WORDS + q
+                counts[q] = popc(strict[w]) | (popc(tied[w]) << T_SHIFT)
+                mine = mine + counts[q]
+            run, total = block_exclusive(mine, warp_sums, tid)
+            for q in cutlass.range_constexpr(OWN_WORDS):
+                prefix[tid * OWN_WORDS + q] = Uint32(run)
+                run = run + counts[q]
+            cute.arch.sync_threads()
+            self.mark(marks, "scan")
+            if streamed:
+                self.each_streamed("emit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, chunk_ctx,
+                                   tid, Int32(0))
+            else:
+                self.each_sent("emit", keys, gids, chunk_ctx, Int32(0))
+            s_below = s_below + (total & Int32((1 << T_SHIFT) - 1))
+            t_below = t_below + Int32(Uint32(total) >> Uint32(T_SHIFT))
+            if c + 1 < chunks:  # zero this thread's words for the next chunk, once all have read them
+                cute.arch.sync_threads()
+                for q in cutlass.range_constexpr(OWN_WORDS):
+                    strict[tid * OWN_WORDS + q] = Uint32(0)
+                    tied[tid * OWN_WORDS + q] = Uint32(0)
+                cute.arch.sync_threads()
+        cute.arch.sync_threads()
+        self.mark(marks, "emit")
+
+    @cute.jit
+    def write_out(self, picked: cute.Tensor, count: Int32, rank: Int32, row: Int32, global_ids: cute.Tensor,
+                  local_ids: cute.Tensor, local_count: cute.Tensor, warp_sums: cute.Tensor, tid: Int32,
+                  marks: cute.Tensor):
+        """Global ids, then this rank's local ids in order (a warp-ordered compaction: warp w owns
+        ``rounds`` 32-slot rounds from 32 * rounds * w), -1 padded; every store coalesced."""
+        lane, warp = tid % 32, tid // 32
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
+        ids = cute.make_rmem_tensor(self.rounds, Int32)
+        votes = cute.make_rmem_tensor(self.rounds, Uint32)
+        mine = Int32(0)
+        for q in cutlass.range_constexpr(self.rounds):
+            j = (warp * self.rounds + q) * 32 + lane
+            ids[q] = cutlass.select_(j < count, picked[j], Int32(-1))
+            if j < self.K:
+                global_ids[row, j] = ids[q]
+            votes[q] = Uint32(cute.arch.vote_ballot_sync((ids[q] >= 0) & (ids[q] % self.W == rank)))
+            mine = mine + popc(votes[q])
+        at, n_mine = block_exclusive(cutlass.select_(lane == 0, mine, Int32(0)), warp_sums, tid)
+        at = cute.arch.shuffle_sync(at, 0)
+        self.mark(marks, "global ids")
+        for q in cutlass.range_constexpr(self.rounds):
+            j = (warp * self.rounds + q) * 32 + lane
+            if (votes[q] >> Uint32(lane)) & Uint32(1) != Uint32(0):
+                local_ids[row, at + popc(votes[q] & lower)] = ids[q] // self.W
+            at = at + popc(votes[q])
+            if (j >= n_mine) & (j < self.K):
+                local_ids[row, j] = Int32(-1)
+        if tid == 0:
+            local_count[row] = n_mine
+
+    @cute.jit
+    def wait_for_rows(self, flags: cute.Tensor, at: Int32, flag_rank_stride: Int32, want: Int32,
+                      timeout_ns: Int64) -> Int32:
+        """How many ranks' flags of the row hold ``want``, polled until all do or the time is up
+        (acquire, system scope: their rows are visible to the CTA after the next barrier)."""
+        arrived = self.arrived(flags, at, flag_rank_stride, want)
+        if (arrived < self.W) & (timeout_ns > 0):
+            start = cute.arch.globaltimer()
+            while (arrived < self.W) & (cute.arch.globaltimer() - start < timeout_ns):
+                arrived = self.arrived(flags, at, flag_rank_stride, want)
+        return arrived
+
+    @cute.jit
+    def arrived(self, flags: cute.Tensor, at: Int32, flag_rank_stride: Int32, want: Int32) -> Int32:
+        n = Int32(0)
+        for r in cutlass.range_constexpr(self.W):
+            seen = cute.arch.load(flags.iterator + (at + r * flag_rank_stride), Int32, sem="acquire", scope="sys")
+            n = n + Int32(seen == want)
+        return n
+
+    @cute.kernel
+    def kernel(self, gathered: cute.Tensor, rank_stride: Int32, row_stride: Int32, peers: cute.Tensor,
+               rescue_offset: Int32, rescue_row_stride: Int32, global_ids: cute.Tensor, local_ids: cute.Tensor,
+               local_count: cute.Tensor, rank: Int32, state: cute.Tensor, flags: cute.Tensor,
+               flag_rank_stride: Int32, parity_gathered: Int32, parity_rescue: Int32, parity_flags: Int32,
+               timeout_ns: Int64):
+        tid, _, _ = cute.arch.thread_idx()
+        lane, warp = tid % 32, tid // 32
+        row, _, _ = cute.arch.block_idx()
+
+        smem = cutlass.memory.SmemAllocator()
+        hist = smem.allocate_tensor(Int32, cute.make_layout(2 * DIGIT_BINS), 16)
+        lowest = smem.allocate_tensor(Int32, cute.make_layout(16), 16)  # per rank: its lowest sent ord16
+        info = smem.allocate_tensor(Int32, cute.make_layout(8), 16)
+        warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        strict = smem.allocate_tensor(Uint32, cute.make_layout(CHUNK_WORDS), 16)  # S: ids above t16
+        tied = smem.allocate_tensor(Uint32, cute.make_layout(CHUNK_WORDS), 16)  # T: ids at t16
+        prefix = smem.allocate_tensor(Uint32, cute.make_layout(CHUNK_WORDS), 16)  # packed counts below a word
+        picked = smem.allocate_tensor(Int32, cute.make_layout(MAX_K), 16)  # the selected ids, ascending
+        marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
+        self.mark(marks, "start")
+        if cutlass.const_expr(self.profile):
+            for phase in cutlass.range_constexpr(1, len(PHASES) + 1):
+                marks[phase] = marks[0]  # a phase the row does not take reads 0
+
+        # Shared memory is not zero at launch; cleared while thread 0 waits for the rows.
+        hist[tid] = Int32(0)
+        for q in cutlass.range_constexpr(OWN_WORDS):
+            strict[tid * OWN_WORDS + q] = Uint32(0)
+            tied[tid * OWN_WORDS + q] = Uint32(0)
+        if tid < 16:
+            lowest[tid] = Int32(0x7FFFFFFF)
+        if tid == 0:
+            info[TOP] = Int32(-1)
+            info[ARRIVED] = Int32(self.W)
+
+        sent_at = row * row_stride
+        rescue_at = row * rescue_row_stride
+        if cutlass.const_expr(self.exchange):
+            seq = state[0]
+            parity = Int32(seq & Int64(1))
+            sent_at = sent_at + parity * parity_gathered
+            rescue_at = rescue_offset + parity * parity_rescue + rescue_at
+            if tid == 0:
+                want = Int32((seq & Int64(0x7FFFFFFF)) + Int64(1))
+                info[ARRIVED] = self.wait_for_rows(flags, parity * parity_flags + row, flag_rank_stride, want,
+                                                   timeout_ns)
+        cute.arch.sync_threads()
+        self.mark(marks, "wait + clear")
+
+        if info[ARRIVED] == self.W:
+            # The sent candidates into registers: thread tid holds slots tid, tid + 512, ... of
+            # the W rows laid end to end (a warp's 32 slots are in one rank's row: N % 32 == 0).
+            keys = cute.make_rmem_tensor(self.per, Int32)  # the words, then the keys
+            gids = cute.make_rmem_tensor(self.per, Int32)  # the plane words, then the global ids
+            for i in cutlass.range_constexpr(self.per):  # every load in flight before the first use
+                f = min(i * THREADS + tid, Int32(self.W * self.N - 1))
+                r = f // self.N
+                j = f - r * self.N
+                at = sent_at + r * rank_stride
+                keys[i] = gathered[at + j]
+                gids[i] = gathered[at + self.N + j // 32]
+            for i in cutlass.range_constexpr(self.per):
+                f = i * THREADS + tid
+                inside = f < self.W * self.N
+                f = min(f, Int32(self.W * self.N - 1))
+                r = f // self.N
+                key, gid = candidate(keys[i], gids[i], f - r * self.N, r, self.W)
+                keys[i] = cutlass.select_(inside, key, Int32(-1))
+                gids[i] = gid
+                low = warp_min(keys[i])
+                if (lane == 0) & inside:
+                    cute.arch.atomic_min(lowest.iterator + r, low)
+            self.mark(marks, "load")
+
+            ctx = (hist, info, strict, tied, prefix, picked, Int32(0), Int32(0), Int32(0), Int32(0), Int32(0))
+            t16, ties, count = self.threshold(False, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at,
+                                              Int32(0), ctx, tid, marks)
+            saturated = Int32(0)
+            for r in cutlass.range_constexpr(self.W):
+                if (lowest[r] >= t16) & (count > 0):
+                    saturated = saturated | (1 << r)
+            self.mark(marks, "saturation")
+            if saturated != 0:  # the rescued candidate set, streamed
+                cute.arch.sync_threads()  # every warp is done scanning the histograms
+                hist[tid] = Int32(0)
+                if tid == 0:
+                    info[TOP] = Int32(-1)
+                cute.arch.sync_threads()
+                t16, ties, count = self.threshold(True, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at,
+                                                  saturated, ctx, tid, marks)
+            ctx = (hist, info, strict, tied, prefix, picked, t16, ties, Int32(0), Int32(0), Int32(0))
+            self.emit(saturated != 0, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
+                      tid, warp_sums, marks)
+            self.write_out(picked, count, rank, row, global_ids, local_ids, local_count, warp_sums, tid, marks)
+            self.mark(marks, "local ids")
+        else:  # a peer's rows never came: no ids, and the error word
+            for j in range(tid, self.K, THREADS):
+                global_ids[row, j] = Int32(-1)
+                local_ids[row, j] = Int32(-1)
+            if tid == 0:
+                local_count[row] = Int32(0)
+                cute.arch.atomic_or(state.iterator + 2, Int64(1))
+
+        if cutlass.const_expr(self.exchange):  # the step's last CTA advances it
+            cute.arch.sync_threads()
+            if tid == 0:
+                rows, _, _ = cute.arch.grid_dim()
+                done = cute.arch.atomic_add(state.iterator + 1, Int64(1), sem="acq_rel", scope="gpu")
+                if done == Int64(rows - 1):
+                    state[1] = Int64(0)
+                    state[0] = state[0] + Int64(1)
+        if cutlass.const_expr(self.profile):  # after the ids: global_ids[row, self.K + phase]
+            if tid == 0:
+                for phase in cutlass.range_constexpr(len(PHASES)):
+                    global_ids[row, self.K + phase] = Int32(marks[phase + 1] - marks[0])
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(world_size: int, topk: int, exchange: bool, profile: bool = False):
+    """Compile once per (W, K, step or simulated, profile marks), from fake tensors (no GPU needed)."""
+    fake = cute.runtime.make_fake_tensor
+    rows = cute.sym_int()
+    flat = fake(Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    peers = fake(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
+    global_ids = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
+    local_ids = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
+    count = fake(Int32, (rows,), stride=(1,), assumed_align=4)
+    state = fake(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
+    flags = fake(Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    merge = DcpMerge(world_size, topk, exchange, profile)
+    return cute.compile(merge, flat, Int32(0), Int32(0), peers, Int32(0), Int32(0), global_ids, local_ids, count,
+                        Int32(0), state, flags, Int32(0), Int32(0), Int32(0), Int32(0), Int64(0), stream,
+                        options="--enable-tvm-ffi")
