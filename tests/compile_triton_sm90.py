@@ -18,7 +18,8 @@ BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", width="i32", keys="
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
                  flag_offset="i64", parity_packed="i64", parity_rescue="i64", parity_flags="i64",
-                 K="constexpr", N="constexpr", R="constexpr", SLOTS="constexpr", W="constexpr", EXCHANGE="constexpr")
+                 K="constexpr", N="constexpr", R="constexpr", SLOTS="constexpr", W="constexpr", EXCHANGE="constexpr",
+                 EARLY_MERGE="constexpr")
 MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i64", peers="*i64",
              rescue_offset="i64", rescue_row_stride="i64", scratch="*i32", scratch_stride="i64", global_ids="*i32",
              local_ids="*i32", out_stride="i64", local_count="*i32", K="i32", rank="i32", state="*i64",
@@ -46,7 +47,7 @@ def main() -> int:
             scores = "*bf16" if exchange else "*fp32"
             build(dcp._pack_rows, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
                                                                         SLOTS=max(triton.next_power_of_2(slots), 32),
-                                                                        EXCHANGE=exchange))
+                                                                        EXCHANGE=exchange, EARLY_MERGE=exchange))
             build(dcp._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
                                               NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,

@@ -116,14 +116,17 @@ def _store_packed(out, pos, word, take, slot, need, planes, plane_words, N: tl.c
 def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
-               W: tl.constexpr, EXCHANGE: tl.constexpr):
+               W: tl.constexpr, EXCHANGE: tl.constexpr, EARLY_MERGE: tl.constexpr = False):
     """B' rows of one rank: ``rescue`` = all of its local top-K, ``packed`` = the best N of them.
 
     ``ids`` holds the local top-K ascending (-1 padded), so slots come out in ascending local id,
     and among equal ord16 the first ones in the row are the lower ids (the merge's tie order).
     EXCHANGE: both rows go to this rank's symmetric buffer at the step's parity, then the packed
     row is stored into every peer's buffer (same offset) and each peer's flag of (rank, row) is
-    released with the step's sequence number."""
+    released with the step's sequence number. EARLY_MERGE: the step's merge (launched as a
+    programmatic dependent) may start now; it orders itself by the flags, not by this kernel's end."""
+    if EARLY_MERGE:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     if EXCHANGE:
         seq = tl.load(state)
@@ -680,7 +683,7 @@ def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.flags_offset + ws.rank * ws.max_rows,
         ws.exchange_parity, ws.rescue_parity, ws.flags_parity,
         K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,
-        EXCHANGE=True, num_warps=8,
+        EXCHANGE=True, EARLY_MERGE=_cute_merge(ids), num_warps=8,
     )
 
 

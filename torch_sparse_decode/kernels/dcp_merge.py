@@ -17,6 +17,10 @@ One CTA of 512 threads per row, everything between the flags and the outputs in 
   popcounts gives each selected id its slot, S below + min(T below, ties), and a tie is taken
   iff its T rank < ties. The ids land in shared memory, then go out coalesced; this rank's local
   ids come from one masked scan of them.
+- A step's merge is launched as a programmatic dependent of the pack, which lets it start at the
+  pack's start: its launch and setup overlap the pack, and the flags (not the stream) order it
+  after every rank's rows. (Nothing else it reads is written by the pack: the step counter is
+  advanced by the previous step's merge, and the kernels before the pack finished before it.)
 - A step's last CTA advances the step counter (the buffers' parity); a timed-out wait writes no
   ids (-1, count 0) and sets the error word.
 
@@ -141,7 +145,7 @@ class DcpMerge:
         self.kernel(gathered, rank_stride, row_stride, peers, rescue_offset, rescue_row_stride, global_ids, local_ids,
                     local_count, rank, state, flags, flag_rank_stride, parity_gathered, parity_rescue,
                     parity_flags, timeout_ns).launch(grid=[global_ids.shape[0], 1, 1], block=[THREADS, 1, 1],
-                                                     stream=stream)
+                                                     stream=stream, use_pdl=self.exchange)
 
     @cute.jit
     def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
