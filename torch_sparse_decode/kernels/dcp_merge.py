@@ -43,13 +43,6 @@ from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
 THREADS = 512
 WARPS = THREADS // 32
 DIGIT_BINS = 256  # ord16 in two 8-bit digits
-# Each digit's histogram is kept in COPIES copies, lane l counting into copy l % COPIES: scores
-# crowd a few high-digit bins (sign and exponent), and same-address shared atomics serialize.
-# Copies sit BIN_STRIDE apart, so one bin's copies fall in different banks.
-COPIES = 4
-BIN_STRIDE = DIGIT_BINS + 1
-DIGIT_WORDS = COPIES * BIN_STRIDE  # shared words of one digit's histograms
-HIST_WORDS = 2 * DIGIT_WORDS
 CHUNK_WORDS = 4096  # output bitmap words per chunk: 2**17 global ids
 CHUNK_IDS = 32 * CHUNK_WORDS
 OWN_WORDS = CHUNK_WORDS // THREADS  # bitmap words each thread scans (contiguous)
@@ -79,16 +72,9 @@ def candidate(word: Int32, plane: Int32, j: Int32, rank, world_size: cutlass.Con
 
 @cute.jit
 def count_in(hist: cute.Tensor, b: Int32):
-    """Bin b (of the histograms at ``hist``) += 1, in this lane's copy. An atomic: ``red.shared`` was 2.8x slower on the H200 under the
+    """hist[b] += 1 (shared). An atomic: ``red.shared`` was 2.8x slower on the H200 under the
     digits' contention (a few bins take most keys)."""
-    cute.arch.atomic_add(hist.iterator + (cute.arch.lane_idx() % COPIES * BIN_STRIDE + b), Int32(1))
-
-
-@cute.jit
-def clear_hists(hist: cute.Tensor, tid: Int32):
-    for i in cutlass.range_constexpr(-(-HIST_WORDS // THREADS)):
-        if i * THREADS + tid < HIST_WORDS:
-            hist[i * THREADS + tid] = Int32(0)
+    cute.arch.atomic_add(hist.iterator + b, Int32(1))
 
 
 @cute.jit
@@ -182,7 +168,7 @@ class DcpMerge:
                 top = max(top, gid)
         elif cutlass.const_expr(action == "low digit"):
             if (key >> 8) == (t16 >> 8):  # t16 holds the high digit here
-                count_in(hist, DIGIT_WORDS + (key & Int32(0xFF)))
+                count_in(hist, DIGIT_BINS + (key & Int32(0xFF)))
         else:
             at = gid - first_id
             inside = (key >= t16) & (key >= 0) & (at >= 0) & (at < CHUNK_IDS)
@@ -229,18 +215,14 @@ class DcpMerge:
 
     @cute.jit
     def scan_digit(self, hist: cute.Tensor, base: int, info: cute.Tensor, need: Int32, lane: Int32):
-        """One warp: the digit whose bin, counting down from the top bin of the histograms at
-        ``base`` (copies summed), reaches ``need`` (need < 0: min(all keys, K)), into ``info`` with
-        the keys in the bins above it and the need. Lane l holds bins 255 - 8l .. 248 - 8l; the
-        first lane whose bins reach the need walks them. (One warp and a barrier: every warp
-        scanning for itself was slower, the phases are bound by instruction issue.)"""
-        bins = cute.make_rmem_tensor(8, Int32)
+        """One warp: the digit whose bin, counting down from the top bin of ``hist[base:base+256]``,
+        reaches ``need`` (need < 0: min(all keys, K)), into ``info`` with the keys in the bins above
+        it and the need. Lane l holds bins 255 - 8l .. 248 - 8l; the first lane whose bins reach
+        the need walks them. (One warp and a barrier: every warp scanning for itself was slower,
+        the phases are bound by instruction issue.)"""
         mine = Int32(0)
         for b in cutlass.range_constexpr(8):
-            bins[b] = Int32(0)
-            for c in cutlass.range_constexpr(COPIES):
-                bins[b] = bins[b] + hist[base + c * BIN_STRIDE + DIGIT_BINS - 1 - 8 * lane - b]
-            mine = mine + bins[b]
+            mine = mine + hist[base + DIGIT_BINS - 1 - 8 * lane - b]
         inclusive = warp_inclusive(mine, lane)
         if need < 0:
             need = min(cute.arch.shuffle_sync(inclusive, 31), Int32(self.K))
@@ -249,11 +231,12 @@ class DcpMerge:
             run = inclusive - mine
             found = Int32(0)
             for b in cutlass.range_constexpr(8):
-                if (found == 0) & (run + bins[b] >= need):
+                v = hist[base + DIGIT_BINS - 1 - 8 * lane - b]
+                if (found == 0) & (run + v >= need):
                     info[DIGIT] = DIGIT_BINS - 1 - 8 * lane - b
                     info[ABOVE] = run
                     found = Int32(1)
-                run = run + bins[b]
+                run = run + v
             info[NEED] = need
 
     @cute.jit
@@ -286,7 +269,7 @@ class DcpMerge:
             self.each_sent("low digit", keys, gids, low_ctx, top)
         cute.arch.sync_threads()
         if warp == 0:
-            self.scan_digit(hist, DIGIT_WORDS, info, need - above, lane)
+            self.scan_digit(hist, DIGIT_BINS, info, need - above, lane)
         cute.arch.sync_threads()
         self.mark(marks, "low digit")
         return (high << 8) | info[DIGIT], need - above - info[ABOVE], need
@@ -398,7 +381,7 @@ class DcpMerge:
         row, _, _ = cute.arch.block_idx()
 
         smem = cutlass.memory.SmemAllocator()
-        hist = smem.allocate_tensor(Int32, cute.make_layout(HIST_WORDS), 16)
+        hist = smem.allocate_tensor(Int32, cute.make_layout(2 * DIGIT_BINS), 16)
         lowest = smem.allocate_tensor(Int32, cute.make_layout(16), 16)  # per rank: its lowest sent ord16
         info = smem.allocate_tensor(Int32, cute.make_layout(8), 16)
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
@@ -413,7 +396,7 @@ class DcpMerge:
                 marks[phase] = marks[0]  # a phase the row does not take reads 0
 
         # Shared memory is not zero at launch; cleared while thread 0 waits for the rows.
-        clear_hists(hist, tid)
+        hist[tid] = Int32(0)
         for q in cutlass.range_constexpr(OWN_WORDS):
             strict[tid * OWN_WORDS + q] = Uint32(0)
             tied[tid * OWN_WORDS + q] = Uint32(0)
@@ -472,7 +455,7 @@ class DcpMerge:
             self.mark(marks, "saturation")
             if saturated != 0:  # the rescued candidate set, streamed
                 cute.arch.sync_threads()  # every warp is done scanning the histograms
-                clear_hists(hist, tid)
+                hist[tid] = Int32(0)
                 if tid == 0:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()
