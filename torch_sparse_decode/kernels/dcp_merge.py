@@ -1,6 +1,6 @@
 """The DCP one-round merge on the GPU (CuTe DSL): ``merge_rows`` / ``merge_step``'s CUDA kernel.
 
-One CTA of 512 threads per row, everything between the flags and the outputs in shared memory:
+One CTA of 1024 threads per row, everything between the flags and the outputs in shared memory:
 
 - Wait (a step): thread 0 polls the row's W flags (acquire, system scope, bounded by
   ``%globaltimer``) while the others clear shared memory.
@@ -40,7 +40,9 @@ from cutlass import Int32, Int64, Uint32
 
 from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
 
-THREADS = 512
+# Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
+# more warps hide more of it (H200, W = 2, T = 8: 256 threads 8.3 us, 512 6.1, 1024 5.65).
+THREADS = 1024
 WARPS = THREADS // 32
 DIGIT_BINS = 256  # ord16 in two 8-bit digits
 CHUNK_WORDS = 4096  # output bitmap words per chunk: 2**17 global ids
@@ -75,6 +77,14 @@ def count_in(hist: cute.Tensor, b: Int32):
     """hist[b] += 1 (shared). An atomic: ``red.shared`` was 2.8x slower on the H200 under the
     digits' contention (a few bins take most keys)."""
     cute.arch.atomic_add(hist.iterator + b, Int32(1))
+
+
+@cute.jit
+def clear_hists(hist: cute.Tensor, tid: Int32):
+    """Zero both digits' histograms (fewer words than threads, or more)."""
+    for i in cutlass.range_constexpr(-(-2 * DIGIT_BINS // THREADS)):
+        if i * THREADS + tid < 2 * DIGIT_BINS:
+            hist[i * THREADS + tid] = Int32(0)
 
 
 @cute.jit
@@ -396,7 +406,7 @@ class DcpMerge:
                 marks[phase] = marks[0]  # a phase the row does not take reads 0
 
         # Shared memory is not zero at launch; cleared while thread 0 waits for the rows.
-        hist[tid] = Int32(0)
+        clear_hists(hist, tid)
         for q in cutlass.range_constexpr(OWN_WORDS):
             strict[tid * OWN_WORDS + q] = Uint32(0)
             tied[tid * OWN_WORDS + q] = Uint32(0)
@@ -421,7 +431,7 @@ class DcpMerge:
         self.mark(marks, "wait + clear")
 
         if info[ARRIVED] == self.W:
-            # The sent candidates into registers: thread tid holds slots tid, tid + 512, ... of
+            # The sent candidates into registers: thread tid holds slots tid, tid + THREADS, ... of
             # the W rows laid end to end (a warp's 32 slots are in one rank's row: N % 32 == 0).
             keys = cute.make_rmem_tensor(self.per, Int32)  # the words, then the keys
             gids = cute.make_rmem_tensor(self.per, Int32)  # the plane words, then the global ids
@@ -455,7 +465,7 @@ class DcpMerge:
             self.mark(marks, "saturation")
             if saturated != 0:  # the rescued candidate set, streamed
                 cute.arch.sync_threads()  # every warp is done scanning the histograms
-                hist[tid] = Int32(0)
+                clear_hists(hist, tid)
                 if tid == 0:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()
