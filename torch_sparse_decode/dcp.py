@@ -224,7 +224,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     returns 0: fail closed, never lossy. Then the symmetric-memory workspace for ``max_rows`` rows
     is allocated and rendezvoused (a failure there is fatal, as for any collective) and one step
     runs to compile the kernels. Steps of up to ``max_rows`` rows and ``max_local_len`` local
-    tokens (default 2**17; the merge's scratch grows with it) take the one-round merge. A step
+    tokens (default 2**17) take the one-round merge. A step
     whose wait for a peer exceeds ``timeout_s`` writes no ids and records an error that
     ``dcp_topk_merge_check`` raises. Calling it again for the same group and topk
     returns the agreed value.
