@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import Table, graph_us, parser, rotation, spawn_ranks
+from harness import Table, graph_us, rotation, two_gpu_main
 
 K = 2048
 LOCAL = 65536
@@ -102,6 +102,20 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     dist.destroy_process_group()
 
 
+def simulated_rows(world_size: int, rows: int, device: str = "cuda"):
+    """(gathered [W, T, words], rescue rows [W, T, words'], their address table): the B' rows of W
+    simulated ranks' random scores, 2 x 64K tokens split over the ranks."""
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    local = LOCAL * 2 // world_size
+    x = torch.randn(world_size, rows, local, device=device)
+    lengths = torch.full((world_size, rows), local, dtype=torch.int32, device=device)
+    packs = [dcp.pack_candidates(x[r], lengths[r], world_size, r, K) for r in range(world_size)]
+    rescue = torch.stack([q for _, q in packs])
+    return torch.stack([p for p, _ in packs]), rescue, kernels.stacked_peers(rescue)
+
+
 def simulated(results: str, quick: bool) -> None:
     """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table):
     the shipped CuTe merge beside the Triton one (the CPU interpreter's twin)."""
@@ -115,13 +129,7 @@ def simulated(results: str, quick: bool) -> None:
                   ["W", "T", *(f"merge, {m}" for m in merges), "candidates per row"])
     for world_size in (2, 4, 8, 16):
         for rows in (1, 8) if quick else (1, 8, 32):
-            local = LOCAL * 2 // world_size
-            x = torch.randn(world_size, rows, local, device="cuda")
-            lengths = torch.full((world_size, rows), local, dtype=torch.int32, device="cuda")
-            packs = [dcp.pack_candidates(x[r], lengths[r], world_size, r, K) for r in range(world_size)]
-            gathered = torch.stack([p for p, _ in packs])
-            rescue = torch.stack([q for _, q in packs])
-            peers = kernels.stacked_peers(rescue)
+            gathered, rescue, peers = simulated_rows(world_size, rows)
             outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
             count = torch.empty(rows, dtype=torch.int32, device="cuda")
             call = lambda i: kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count)  # noqa: E731
@@ -135,13 +143,7 @@ def simulated(results: str, quick: bool) -> None:
 
 
 def main() -> None:
-    cli = parser(__doc__)
-    cli.add_argument("--merge-only", action="store_true", help="only the simulated merge kernel (one GPU)")
-    args = cli.parse_args()
-    if args.merge_only:
-        simulated(args.results, args.quick)
-        return
-    spawn_ranks(_rank_main, 2, args.quick, args.results)
+    two_gpu_main(__doc__, _rank_main, "--merge-only", "only the simulated merge kernel (one GPU)", simulated)
 
 
 if __name__ == "__main__":

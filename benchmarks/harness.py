@@ -30,6 +30,18 @@ def spawn_ranks(rank_main: Callable, world_size: int, *args) -> None:
         mp.spawn(rank_main, args=(world_size, os.path.join(tmp, "store"), *args), nprocs=world_size, join=True)
 
 
+def two_gpu_main(description: str, rank_main: Callable, flag: str, flag_help: str, one_gpu: Callable) -> None:
+    """A 2-GPU script's command line: ``rank_main`` on two GPUs (``spawn_ranks``, with --quick
+    and --results), or with ``flag`` only ``one_gpu(results, quick)`` on one."""
+    cli = parser(description)
+    cli.add_argument(flag, action="store_true", help=flag_help)
+    args = cli.parse_args()
+    if getattr(args, flag.lstrip("-").replace("-", "_")):
+        one_gpu(args.results, args.quick)
+    else:
+        spawn_ranks(rank_main, 2, args.quick, args.results)
+
+
 def rotation(make_inputs: Callable[[int], Sequence[torch.Tensor]], bytes_per_set: int) -> list:
     """As many input sets (from ``make_inputs(seed)``) as it takes to exceed ROTATE_BYTES, <= 20."""
     count = max(2, min(CALLS_PER_GRAPH, -(-ROTATE_BYTES // max(bytes_per_set, 1))))

@@ -24,7 +24,8 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from harness import Table, graph_us, parser, rotation, spawn_ranks
+from bench_dcp import simulated_rows
+from harness import Table, graph_us, rotation, two_gpu_main
 from torch_sparse_decode.kernels.dcp import _advance_step, _wait_arrived
 
 K = 2048
@@ -92,8 +93,6 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
 
 
 def merge_phases(results: str, quick: bool) -> None:
-    from torch_sparse_decode import dcp
-    from torch_sparse_decode.kernels import dcp as kernels
     from torch_sparse_decode.kernels import dcp_merge
 
     phases = dcp_merge.PHASES
@@ -102,13 +101,7 @@ def merge_phases(results: str, quick: bool) -> None:
                   ["W", "us per call", *phases])
     rows = 8
     for world_size in (2,) if quick else (2, 16):
-        local = LOCAL * 2 // world_size
-        x = torch.randn(world_size, rows, local, device="cuda")
-        lengths = torch.full((world_size, rows), local, dtype=torch.int32, device="cuda")
-        packs = [dcp.pack_candidates(x[r], lengths[r], world_size, r, K) for r in range(world_size)]
-        gathered = torch.stack([p for p, _ in packs]).contiguous()
-        rescue = torch.stack([q for _, q in packs])
-        peers = kernels.stacked_peers(rescue)
+        gathered, rescue, peers = simulated_rows(world_size, rows)
         flat = gathered.view(-1)
         count = torch.empty(rows, dtype=torch.int32, device="cuda")
 
@@ -131,13 +124,7 @@ def merge_phases(results: str, quick: bool) -> None:
 
 
 def main() -> None:
-    cli = parser(__doc__)
-    cli.add_argument("--merge", action="store_true", help="the CuTe merge kernel's phases (one GPU)")
-    args = cli.parse_args()
-    if args.merge:
-        merge_phases(args.results, args.quick)
-        return
-    spawn_ranks(_rank_main, 2, args.quick, args.results)
+    two_gpu_main(__doc__, _rank_main, "--merge", "the CuTe merge kernel's phases (one GPU)", merge_phases)
 
 
 if __name__ == "__main__":

@@ -387,7 +387,7 @@ class DcpMerge:
                flag_rank_stride: Int32, parity_gathered: Int32, parity_rescue: Int32, parity_flags: Int32,
                timeout_ns: Int64):
         tid, _, _ = cute.arch.thread_idx()
-        lane, warp = tid % 32, tid // 32
+        lane = tid % 32
         row, _, _ = cute.arch.block_idx()
 
         smem = cutlass.memory.SmemAllocator()
