@@ -16,7 +16,7 @@ One CTA of 1024 threads per row, everything between the flags and the outputs in
   bitmaps over global ids (S: above t16, T: at t16), 2**17 ids a chunk; one scan of the words'
   popcounts gives each selected id its slot, S below + min(T below, ties), and a tie is taken
   iff its T rank < ties. The ids land in shared memory, then go out coalesced; this rank's local
-  ids come from one masked scan of them.
+  ids follow from a warp-ordered compaction of them.
 - A step's merge is launched as a programmatic dependent of the pack, which lets it start at the
   pack's start: its launch and setup overlap the pack, and the flags (not the stream) order it
   after every rank's rows. (Nothing else it reads is written by the pack: the step counter is
