@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import Table, graph_us, rotation, two_gpu_main
+from harness import SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
 
 K = 2048
 LOCAL = 65536
@@ -126,7 +126,7 @@ def simulated(results: str, quick: bool) -> None:
     merges = ("cute", "triton")
     table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call; shipped: {shipped}; "
                   f"Triton at {kernels.MERGE_WARPS} warps)",
-                  ["W", "T", *(f"merge, {m}" for m in merges), "candidates per row"])
+                  ["W", "T", *(f"merge, {m}" for m in merges), "candidates per row"], SAME_INPUTS)
     for world_size in (2, 4, 8, 16):
         for rows in (1, 8) if quick else (1, 8, 32):
             gathered, rescue, peers = simulated_rows(world_size, rows)

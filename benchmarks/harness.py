@@ -17,6 +17,9 @@ import torch
 CALLS_PER_GRAPH = 20
 REPLAYS = 50
 ROTATE_BYTES = 4 * 60 * 2**20  # four times the H200's 60 MB L2
+GRAPH_TIMING = f"per call in a CUDA graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays"
+# Tables of calls on one small input set (the merge's B' rows: tens of KB, left in L2).
+SAME_INPUTS = f"{GRAPH_TIMING}, the same inputs every call"
 
 
 def spawn_ranks(rank_main: Callable, world_size: int, *args) -> None:
@@ -120,8 +123,7 @@ class Table:
     def __init__(self, title: str, columns: Sequence[str], timing: str | None = None):
         """``timing``: how the numbers were taken, when not by ``graph_us`` (SPEC section 3)."""
         self.title, self.columns, self.rows = title, list(columns), []
-        self.timing = timing or (f"per call in a CUDA graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays, "
-                                 f"inputs rotated over > {ROTATE_BYTES >> 20} MiB")
+        self.timing = timing or f"{GRAPH_TIMING}, inputs rotated over > {ROTATE_BYTES >> 20} MiB"
 
     def add(self, *values) -> None:
         self.rows.append([_fmt(v) for v in values])

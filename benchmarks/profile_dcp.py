@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from bench_dcp import simulated_rows
-from harness import Table, graph_us, rotation, two_gpu_main
+from harness import SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
 from torch_sparse_decode.kernels.dcp import _advance_step, _wait_arrived
 
 K = 2048
@@ -98,7 +98,7 @@ def merge_phases(results: str, quick: bool) -> None:
     phases = dcp_merge.PHASES
     table = Table(f"CuTe DCP merge phases, simulated W ranks, K = {K}, T = 8 (cycles since the start at each "
                   "phase's end, median over rows and 20 calls; us per call of the unprofiled build)",
-                  ["W", "us per call", *phases])
+                  ["W", "us per call", *phases], SAME_INPUTS)
     rows = 8
     for world_size in (2,) if quick else (2, 16):
         gathered, rescue, peers = simulated_rows(world_size, rows)

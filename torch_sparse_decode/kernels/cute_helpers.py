@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, Int64
 
 
 @cute.jit
@@ -19,3 +19,63 @@ def warps_before(counts: cute.Tensor, warp: Int32, warps: cutlass.Constexpr[int]
             before = before + part
         total = total + part
     return before, total
+
+
+@cute.jit
+def warp_inclusive(value: Int32, lane: Int32) -> Int32:
+    """Sum of ``value`` over this lane and the lower ones."""
+    for s in cutlass.range_constexpr(5):
+        other = cute.arch.shuffle_sync_up(value, offset=1 << s)
+        if lane >= (1 << s):
+            value = value + other
+    return value
+
+
+@cute.jit
+def block_exclusive(value: Int32, warp_sums: cute.Tensor, tid: Int32, warps: cutlass.Constexpr[int]):
+    """(sum of ``value`` over the lower threads, sum over the CTA): one barrier, then each warp
+    scans the warp sums itself. ``warp_sums`` must not be written again before another barrier."""
+    lane, warp = tid % 32, tid // 32
+    inclusive = warp_inclusive(value, lane)
+    if lane == 31:
+        warp_sums[warp] = inclusive
+    cute.arch.sync_threads()
+    part = cutlass.select_(lane < warps, warp_sums[lane % warps], Int32(0))
+    parts = warp_inclusive(part, lane)
+    before = cute.arch.shuffle_sync(parts - part, warp)
+    return before + inclusive - value, cute.arch.shuffle_sync(parts, warps - 1)
+
+
+@cute.jit
+def zero_fill(t: cute.Tensor, words: cutlass.Constexpr[int], tid: Int32, threads: cutlass.Constexpr[int]):
+    """``t[:words] = 0``, the CTA's threads striding through it."""
+    for i in cutlass.range_constexpr(-(-words // threads)):
+        if cutlass.const_expr((i + 1) * threads <= words):
+            t[i * threads + tid] = Int32(0)
+        elif i * threads + tid < words:
+            t[i * threads + tid] = Int32(0)
+
+
+# Profiled builds stamp the SM clock at the end of each named phase into ``marks``: slot 0 is the
+# kernel's start, slot i + 1 the end of ``phases[i]`` (a phase the row does not take reads 0).
+
+
+def phase_slot(phases: tuple, phase: str) -> int:
+    return 0 if phase == "start" else phases.index(phase) + 1
+
+
+@cute.jit
+def stamp(marks: cute.Tensor, phases: cutlass.Constexpr, phase: cutlass.Constexpr[str],
+          enabled: cutlass.Constexpr[bool]):
+    """With ``enabled`` (a profiled build): the SM clock at the end of ``phase``."""
+    if cutlass.const_expr(enabled):
+        marks[phase_slot(phases, phase)] = Int64(cute.arch.clock64())
+
+
+@cute.jit
+def begin_marks(marks: cute.Tensor, phases: cutlass.Constexpr, enabled: cutlass.Constexpr[bool]):
+    """With ``enabled``: the start stamped, and every phase's end set to it."""
+    if cutlass.const_expr(enabled):
+        stamp(marks, phases, "start", enabled)
+        for phase in cutlass.range_constexpr(1, len(phases) + 1):
+            marks[phase] = marks[0]

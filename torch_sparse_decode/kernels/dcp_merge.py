@@ -39,6 +39,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
+from .cute_helpers import begin_marks, block_exclusive, stamp, warp_inclusive, zero_fill
 
 # Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
 # more warps hide more of it (H200, W = 2, T = 8: 256 threads 8.3 us, 512 6.1, 1024 5.65).
@@ -54,10 +55,6 @@ T_SHIFT = 15  # packed bitmap counts: S (< K <= 4096) below bit 15, T (< 2**17) 
 # each phase, as cycles since the kernel began, into ``global_ids[row, self.K + phase]``.
 PHASES = ("wait + clear", "load", "high digit", "low digit", "saturation", "set bits", "scan", "emit", "global ids",
           "local ids")
-
-
-def mark_slot(phase: str) -> int:
-    return 0 if phase == "start" else PHASES.index(phase) + 1
 
 
 # info slots (shared): digit found, keys above it, keys wanted, the wait's result, the highest live id
@@ -80,41 +77,8 @@ def count_in(hist: cute.Tensor, b: Int32):
 
 
 @cute.jit
-def clear_hists(hist: cute.Tensor, tid: Int32):
-    """Zero both digits' histograms (fewer words than threads, or more)."""
-    for i in cutlass.range_constexpr(-(-2 * DIGIT_BINS // THREADS)):
-        if i * THREADS + tid < 2 * DIGIT_BINS:
-            hist[i * THREADS + tid] = Int32(0)
-
-
-@cute.jit
 def popc(x: Uint32) -> Int32:
     return Int32(cute.arch.popc(x))
-
-
-@cute.jit
-def warp_inclusive(value: Int32, lane: Int32) -> Int32:
-    """Sum of ``value`` over this lane and the lower ones."""
-    for s in cutlass.range_constexpr(5):
-        other = cute.arch.shuffle_sync_up(value, offset=1 << s)
-        if lane >= (1 << s):
-            value = value + other
-    return value
-
-
-@cute.jit
-def block_exclusive(value: Int32, warp_sums: cute.Tensor, tid: Int32):
-    """(sum of ``value`` over the lower threads, sum over the CTA): one barrier, then each warp
-    scans the warp sums itself. ``warp_sums`` must not be written again before another barrier."""
-    lane, warp = tid % 32, tid // 32
-    inclusive = warp_inclusive(value, lane)
-    if lane == 31:
-        warp_sums[warp] = inclusive
-    cute.arch.sync_threads()
-    part = cutlass.select_(lane < WARPS, warp_sums[lane % WARPS], Int32(0))
-    parts = warp_inclusive(part, lane)
-    before = cute.arch.shuffle_sync(parts - part, warp)
-    return before + inclusive - value, cute.arch.shuffle_sync(parts, WARPS - 1)
 
 
 @cute.jit
@@ -160,8 +124,7 @@ class DcpMerge:
     @cute.jit
     def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
         """With ``profile``: the SM clock at the end of the phase named ("start": the kernel's start)."""
-        if cutlass.const_expr(self.profile):
-            marks[mark_slot(phase)] = Int64(cute.arch.clock64())
+        stamp(marks, PHASES, phase, self.profile)
 
     # ------------------------------------------------------------------ per-candidate actions
     #
@@ -307,7 +270,7 @@ class DcpMerge:
                 w = tid * OWN_WORDS + q
                 counts[q] = popc(strict[w]) | (popc(tied[w]) << T_SHIFT)
                 mine = mine + counts[q]
-            run, total = block_exclusive(mine, warp_sums, tid)
+            run, total = block_exclusive(mine, warp_sums, tid, WARPS)
             for q in cutlass.range_constexpr(OWN_WORDS):
                 prefix[tid * OWN_WORDS + q] = Uint32(run)
                 run = run + counts[q]
@@ -347,7 +310,7 @@ class DcpMerge:
                 global_ids[row, j] = ids[q]
             votes[q] = Uint32(cute.arch.vote_ballot_sync((ids[q] >= 0) & (ids[q] % self.W == rank)))
             mine = mine + popc(votes[q])
-        at, n_mine = block_exclusive(cutlass.select_(lane == 0, mine, Int32(0)), warp_sums, tid)
+        at, n_mine = block_exclusive(cutlass.select_(lane == 0, mine, Int32(0)), warp_sums, tid, WARPS)
         at = cute.arch.shuffle_sync(at, 0)
         self.mark(marks, "global ids")
         for q in cutlass.range_constexpr(self.rounds):
@@ -400,13 +363,10 @@ class DcpMerge:
         prefix = smem.allocate_tensor(Uint32, cute.make_layout(CHUNK_WORDS), 16)  # packed counts below a word
         picked = smem.allocate_tensor(Int32, cute.make_layout(MAX_K), 16)  # the selected ids, ascending
         marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
-        self.mark(marks, "start")
-        if cutlass.const_expr(self.profile):
-            for phase in cutlass.range_constexpr(1, len(PHASES) + 1):
-                marks[phase] = marks[0]  # a phase the row does not take reads 0
+        begin_marks(marks, PHASES, self.profile)
 
         # Shared memory is not zero at launch; cleared while thread 0 waits for the rows.
-        clear_hists(hist, tid)
+        zero_fill(hist, 2 * DIGIT_BINS, tid, THREADS)
         for q in cutlass.range_constexpr(OWN_WORDS):
             strict[tid * OWN_WORDS + q] = Uint32(0)
             tied[tid * OWN_WORDS + q] = Uint32(0)
@@ -465,7 +425,7 @@ class DcpMerge:
             self.mark(marks, "saturation")
             if saturated != 0:  # the rescued candidate set, streamed
                 cute.arch.sync_threads()  # every warp is done scanning the histograms
-                clear_hists(hist, tid)
+                zero_fill(hist, 2 * DIGIT_BINS, tid, THREADS)
                 if tid == 0:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()

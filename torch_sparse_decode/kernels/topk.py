@@ -51,7 +51,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 
-from .cute_helpers import warps_before
+from .cute_helpers import begin_marks, stamp, warp_inclusive, warps_before, zero_fill
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -79,11 +79,6 @@ PHASES = ("gated pass + index order", "exchange", "digits from the copies", "fir
 # Per CTA, after its phases: the global timer (ns, low 32 bits) at its start and its end, to see
 # when CTAs run relative to each other (SM clocks are not synchronized across SMs).
 PROFILE_SLOTS = len(PHASES) + 2
-
-
-def mark_slot(phase: str) -> int:
-    """Where a profiled build keeps the clock at the end of a phase (0: the kernel's start)."""
-    return 0 if phase == "start" else PHASES.index(phase) + 1
 
 
 @cute.jit
@@ -172,21 +167,10 @@ def cluster_sync(ranks: cutlass.Constexpr[int]):
 
 
 @cute.jit
-def clear_hists(hist: cute.Tensor, tid: Int32):
-    """Zero the three digits' histograms (3 * BINS counters), FINE * 3 per thread."""
-    for b in cutlass.range_constexpr(3 * FINE):
-        hist[b * THREADS + tid] = Int32(0)
-
-
-@cute.jit
 def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
     """(sum of ``value`` over lower threads, sum over the CTA); a barrier on both sides."""
     lane, warp = tid % 32, tid // 32
-    inclusive = value
-    for s in cutlass.range_constexpr(5):
-        other = cute.arch.shuffle_sync_up(inclusive, offset=1 << s)
-        if lane >= (1 << s):
-            inclusive = inclusive + other
+    inclusive = warp_inclusive(value, lane)
     if lane == 31:
         warp_sums[warp] = inclusive
     cute.arch.sync_threads()
@@ -219,8 +203,7 @@ class RadixTopk:
     def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
         """With ``profile``: the SM clock at the end of the phase named (PHASES; "start": the
         kernel's start)."""
-        if cutlass.const_expr(self.profile):
-            marks[mark_slot(phase)] = Int64(cute.arch.clock64())
+        stamp(marks, PHASES, phase, self.profile)
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -618,9 +601,7 @@ class RadixTopk:
         began = Int64(0)
         if cutlass.const_expr(self.profile):
             began = cute.arch.globaltimer()  # ns, the same clock on every SM
-            self.mark(marks, "start")
-            for phase in cutlass.range_constexpr(1, len(PHASES) + 1):
-                marks[phase] = marks[0]  # a phase the row does not take reads 0
+        begin_marks(marks, PHASES, self.profile)
 
         # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
         valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
@@ -648,7 +629,7 @@ class RadixTopk:
         kept = Int32(0)
         last = 1 if self.ord16 else 2  # ord16 keys (ord16 << 16) are whole after two digits
         if n > k_sel:
-            clear_hists(hist, tid)
+            zero_fill(hist, 3 * BINS, tid, THREADS)
             if tid == 0:
                 claimed[0] = Int32(0)
             cute.arch.sync_threads()
@@ -666,7 +647,7 @@ class RadixTopk:
                 if tid == 0:
                     shared[2] = kept
                     shared[3] = Int32(gate)
-                clear_hists(hist, tid)
+                zero_fill(hist, 3 * BINS, tid, THREADS)
                 cluster_sync(self.ranks)
                 copied, gates = cute.make_rmem_tensor(self.ranks, Int32), cute.make_rmem_tensor(self.ranks, Uint32)
                 for r in cutlass.range_constexpr(self.ranks):
@@ -687,7 +668,7 @@ class RadixTopk:
                     self.mark(marks, "digits from the copies")
                 if found == 0:
                     cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
-                    clear_hists(hist, tid)
+                    zero_fill(hist, 3 * BINS, tid, THREADS)
                     cute.arch.sync_threads()
             if found == 0:
                 # Two passes: histogram the first digit over the span; then a CTA whose keys at or
