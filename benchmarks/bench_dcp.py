@@ -7,7 +7,8 @@ Per T in {1, 8, 32}, beside each other in one run:
   is what the exchange and the merge cost (the bar: <= 8 us);
 - stock torch: each rank's torch.topk 2048 (score, id) pairs, NCCL all-gather, torch.topk;
 - our top-k: the same full-K exchange with this library's indexer_topk for both selections;
-- NCCL all-gather of our packed rows alone; bytes exchanged per row per rank.
+- NCCL all-gather of our packed rows alone (untagged: 4 bytes a word); bytes a rank pushes per
+  row per peer in the step (8 bytes a word: each word travels with the step's tag).
 
     python benchmarks/bench_dcp.py [--quick] [--merge-only] [--results FILE]
 """
@@ -73,7 +74,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     table = Table(
         f"DCP merge, W = {world_size}, K = {K}, {LOCAL >> 10}K local tokens (us per step, rank 0)",
         ["T", "ours: full step", "ours: local part", "exchange + merge", "stock torch", "our top-k exchange",
-         "NCCL all-gather of packed rows", "bytes/row/rank", "stock / ours",
+         "NCCL all-gather of packed rows", "bytes/row/rank pushed (tagged)", "stock / ours",
          "bars met: exchange + merge <= 8 us; >= 3x stock; < our top-k"],
     )
     for rows in (1, 8) if quick else (1, 8, 32):
@@ -93,7 +94,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
         dcp.dcp_topk_merge_check(group)
         exchange = t_full - t_local
         met = ("yes" if ok else "no" for ok in (exchange <= 8.0, t_stock / t_full >= 3.0, t_full < t_ours))
-        table.add(rows, t_full, t_local, exchange, t_stock, t_ours, t_gather, words * 4, f"{t_stock / t_full:.2f}x",
+        table.add(rows, t_full, t_local, exchange, t_stock, t_ours, t_gather, words * 8, f"{t_stock / t_full:.2f}x",
                   " / ".join(met))
     if rank == 0:
         table.emit(results)

@@ -3,12 +3,12 @@ CUDA graphs (SPEC 3). Four calls timed beside each other, per T in {1, 8, 32}:
 
 - select: the local top-K alone (the engine, ord16 keys);
 - local part: select + pack into a local buffer (bench_dcp.py's "local part");
-- no merge: select + pack + push into the peers, then the merge kernel's bounded wait and step
-  advance with the merge cut out (``_wait_only`` below);
+- no merge: select + pack + push into the peers, then the merge's bounded wait (every unit of
+  the row's tagged rows) and step advance with the merge cut out (``_wait_only`` below);
 - full step: the op (``dcp_topk_merge``).
 
-Differences give the parts: pack = local part - select; exchange (push, release, the wait across
-GPUs, one more launch) = no merge - local part; merge = full step - no merge.
+Differences give the parts: pack = local part - select; exchange (push, the wait across GPUs,
+one more launch) = no merge - local part; merge = full step - no merge.
 
 With ``--merge`` (one GPU): the CuTe merge kernel's phases (a profiled build stamps thread 0's
 clock at the end of each, kernels/dcp_merge.py PHASES), simulated W ranks, median over rows and
@@ -26,21 +26,25 @@ import triton.language as tl
 
 from bench_dcp import simulated_rows
 from harness import SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
-from torch_sparse_decode.kernels.dcp import _advance_step, _wait_arrived
+from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
+from torch_sparse_decode.kernels.dcp import _advance_step, _wait_row
 
 K = 2048
 LOCAL = 65536
 
 
 @triton.jit
-def _wait_only(state, flags, flag_rank_stride, parity_flags, timeout_ns, W: tl.constexpr, WP2: tl.constexpr):
-    """The merge kernel's wait for every rank's flag of the row and its step advance, no merge."""
+def _wait_only(state, gathered, rank_stride, row_stride, parity_gathered, timeout_ns, W: tl.constexpr,
+               N: tl.constexpr):
+    """The merge's wait for every rank's tagged row of the step and its step advance, no merge."""
     row = tl.program_id(0).to(tl.int64)
     seq = tl.load(state)
     want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
-    ranks = tl.arange(0, WP2)
-    row_flags = flags + (seq & 1) * parity_flags + row
-    if _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W) < W:
+    sent = gathered + (seq & 1) * parity_gathered + row * row_stride
+    ok = tl.full((), 1, tl.int32)
+    for r in range(W):
+        ok &= _wait_row(sent + r * rank_stride, N + N // 32, want, timeout_ns)
+    if ok == 0:
         tl.atomic_or(state + 2, 1)
     _advance_step(state)
 
@@ -63,8 +67,8 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
                     torch.full((rows,), LOCAL, dtype=torch.int32, device="cuda"))
 
         sets = rotation(make, rows * LOCAL * 4)
-        packed = torch.empty(rows, ws.packed_words, dtype=torch.int32, device="cuda")
-        rescue = torch.empty(rows, ws.rescue_words, dtype=torch.int32, device="cuda")
+        packed = torch.empty(rows, packed_row_words(ws.local_topk), dtype=torch.int32, device="cuda")
+        rescue = torch.empty(rows, packed_row_words(rescue_row_slots(K)), dtype=torch.int32, device="cuda")
 
         def select(i: int) -> None:
             kernels.local_topk_ids(*sets[i % len(sets)], ws.ids[:rows])
@@ -76,8 +80,8 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
             scores, lengths = sets[i % len(sets)]
             kernels.local_topk_ids(scores, lengths, ws.ids[:rows])
             kernels.push_rows(ws, ws.ids[:rows], scores)
-            _wait_only[(rows,)](ws.state, ws.flags, ws.max_rows, ws.flags_parity, ws.timeout_ns, W=world_size,
-                                WP2=triton.next_power_of_2(world_size), num_warps=1)
+            _wait_only[(rows,)](ws.state, ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words,
+                                ws.exchange_parity, ws.timeout_ns, W=world_size, N=ws.local_topk, num_warps=4)
 
         def full(i: int) -> None:
             dcp.dcp_topk_merge(*sets[i % len(sets)], K, group)
@@ -108,7 +112,7 @@ def merge_phases(results: str, quick: bool) -> None:
         def run(profile: bool, outs):
             merge = dcp_merge.compiled(world_size, K, False, profile)
             merge(flat, gathered.stride(0), gathered.stride(1), peers, 0, rescue.stride(1), outs[0], outs[1],
-                  count, 0, peers, flat, 0, 0, 0, 0, 0)
+                  count, 0, peers, 0, 0, 0)
 
         plain = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
         us = graph_us(lambda i: run(False, plain))

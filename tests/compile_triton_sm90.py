@@ -17,14 +17,13 @@ BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", width="i32", keys="
                   BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr")
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
-                 flag_offset="i64", parity_packed="i64", parity_rescue="i64", parity_flags="i64",
+                 parity_packed="i64", parity_rescue="i64",
                  K="constexpr", N="constexpr", R="constexpr", SLOTS="constexpr", W="constexpr", EXCHANGE="constexpr",
                  EARLY_MERGE="constexpr")
 MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i64", peers="*i64",
              rescue_offset="i64", rescue_row_stride="i64", scratch="*i32", scratch_stride="i64", global_ids="*i32",
              local_ids="*i32", out_stride="i64", local_count="*i32", K="i32", rank="i32", state="*i64",
-             flags="*i32", flag_rank_stride="i64", parity_gathered="i64", parity_rescue="i64", parity_flags="i64",
-             timeout_ns="i64", W="constexpr", WP2="constexpr", N="constexpr", NP2="constexpr", R="constexpr",
+             parity_gathered="i64", parity_rescue="i64", timeout_ns="i64", W="constexpr", WP2="constexpr", N="constexpr", NP2="constexpr", R="constexpr",
              KP2="constexpr", WORDS="constexpr", EXCHANGE="constexpr")
 
 

@@ -244,7 +244,7 @@ def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float
 
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
 def test_exchange_step_over_simulated_ranks(world_size, topk):
-    """The symmetric-memory step (push into every rank's buffer + flags, then wait + merge + step
+    """The symmetric-memory step (tagged push into every rank's buffer, then wait + merge + step
     advance) with W ranks in one process: every rank pushes, then every rank merges. Four steps
     walk both parities with new inputs (saturating rows, then every-kind rows of other lengths)."""
     n = dcp.dcp_merge_local_topk(topk, world_size)

@@ -109,16 +109,29 @@ def _kth16_step(counts, t16, upper, shift, need):
 
 
 @triton.jit
-def _store_packed(out, pos, word, take, slot, need, planes, plane_words, N: tl.constexpr):
-    """A packed B' row: the taken words at their positions, zero slots after ``need``, the planes."""
-    tl.store(out + pos, word, mask=take)
-    tl.store(out + slot, tl.zeros_like(slot), mask=(slot >= need) & (slot < N))
-    tl.store(out + N + planes, plane_words, mask=planes < N // 32)
+def _store_words(out, at, word, mask, tag, TAGGED: tl.constexpr):
+    """``out[at] = word``; TAGGED (a step's rows): 8-byte units ``out[2 at] = word, out[2 at + 1] =
+    tag`` instead, each one store, so a reader that sees the step's tag sees the word with it."""
+    if TAGGED:
+        unit = (tag.to(tl.int64) << 32) | (word.to(tl.int64) & 0xFFFFFFFF)
+        tl.store(out.to(tl.pointer_type(tl.int64)) + at, unit, mask=mask)
+    else:
+        tl.store(out + at, word, mask=mask)
+
+
+@triton.jit
+def _store_packed(out, pos, word, take, slot, need, planes, plane_words, tag, N: tl.constexpr,
+                  TAGGED: tl.constexpr):
+    """A packed B' row: the taken words at their positions, zero slots after ``need``, the planes
+    (every slot and plane written, so a tagged row is whole once every unit has the tag)."""
+    _store_words(out, pos, word, take, tag, TAGGED)
+    _store_words(out, slot, tl.zeros_like(slot), (slot >= need) & (slot < N), tag, TAGGED)
+    _store_words(out, N + planes, plane_words, planes < N // 32, tag, TAGGED)
 
 
 @triton.jit
 def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
-               state, peers, rank, push_offset, flag_offset, parity_packed, parity_rescue, parity_flags,
+               state, peers, rank, push_offset, parity_packed, parity_rescue,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
                W: tl.constexpr, EXCHANGE: tl.constexpr, EARLY_MERGE: tl.constexpr = False):
     """B' rows of one rank: ``rescue`` = all of its local top-K, ``packed`` = the best N of them.
@@ -126,15 +139,18 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     ``ids`` holds the local top-K ascending (-1 padded), so slots come out in ascending local id,
     and among equal ord16 the first ones in the row are the lower ids (the merge's tie order).
     EXCHANGE: both rows go to this rank's symmetric buffer at the step's parity, then the packed
-    row is stored into every peer's buffer (same offset) and each peer's flag of (rank, row) is
-    released with the step's sequence number. EARLY_MERGE: the step's merge (launched as a
-    programmatic dependent) may start now; it orders itself by the flags, not by this kernel's end."""
+    row is stored into every peer's buffer (same offset), every word as an 8-byte unit tagged
+    with the step's sequence number: no flag and no release fence (a system-scope fence waits for
+    the remote stores' round trip); readers poll the tags. EARLY_MERGE: the step's merge
+    (launched as a programmatic dependent) may start now; it orders itself by the tags."""
     if EARLY_MERGE:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
+    tag = 0
     if EXCHANGE:
         seq = tl.load(state)
         parity = seq & 1
+        tag = (seq & 0x7FFFFFFF) + 1
         packed += parity * parity_packed
         rescue += parity * parity_rescue
     slot = tl.arange(0, SLOTS)
@@ -144,9 +160,9 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     word = tl.where(live, (ord16 << 16) | (0xFFFF - (local & 0xFFFF)), 0)
     low = local < (1 << 16)  # bit 16 clear (the plane bit)
     planes = tl.arange(0, SLOTS // 32)
-    tl.store(rescue + row * rescue_stride + slot, word, mask=slot < R)
+    _store_words(rescue + row * rescue_stride, slot, word, slot < R, tag, EXCHANGE)
     rescue_planes = _high_planes(tl.sum((live & low).to(tl.int32)), tl.sum(live.to(tl.int32)), planes)
-    tl.store(rescue + row * rescue_stride + R + planes, rescue_planes, mask=planes < R // 32)
+    _store_words(rescue + row * rescue_stride, R + planes, rescue_planes, planes < R // 32, tag, EXCHANGE)
 
     # The best N: ord16's threshold two bits at a time, then the ties in row order.
     key16 = tl.where(live, ord16, -1)
@@ -164,17 +180,13 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     pos = (both & 0xFFFF) + tl.minimum(both >> 16, rest) - 1
     packed_planes = _high_planes(tl.sum((take & low).to(tl.int32)), need, planes)
     row_at = row * packed_stride
-    _store_packed(packed + row_at, pos, word, take, slot, need, planes, packed_planes, N)
-    if EXCHANGE:  # the same stores into every peer's buffer, then one release per peer
+    _store_packed(packed + row_at, pos, word, take, slot, need, planes, packed_planes, tag, N, EXCHANGE)
+    if EXCHANGE:  # the same units into every peer's buffer
         at = push_offset + parity * parity_packed + row_at
         for q in range(W):
             if q != rank:
-                _store_packed(_peer(peers, q) + at, pos, word, take, slot, need, planes, packed_planes, N)
-        tl.debug_barrier()  # every thread's stores precede the release below
-        want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
-        for q in range(W):
-            tl.atomic_xchg(_peer(peers, q) + flag_offset + parity * parity_flags + row, want, sem="release",
-                           scope="sys")
+                _store_packed(_peer(peers, q) + at, pos, word, take, slot, need, planes, packed_planes, tag, N,
+                              True)
 
 
 # --------------------------------------------------------------------------------- merge
@@ -191,10 +203,11 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
 
 
 @triton.jit
-def _merge_keys(row, slots, j, rank, inside, W: tl.constexpr):
-    """(ord16, or -1 for an empty slot; global id) of slots ``j`` of B' rows (``row``, ``rank`` broadcast)."""
-    word = tl.load(row + j, mask=inside, other=0)
-    plane = tl.load(row + slots + j // 32, mask=inside, other=0)
+def _merge_keys(row, slots, j, rank, inside, W: tl.constexpr, UNIT: tl.constexpr):
+    """(ord16, or -1 for an empty slot; global id) of slots ``j`` of B' rows (``row``, ``rank``
+    broadcast); UNIT: int32 words per slot (2 in a step's tagged rows, the tags already checked)."""
+    word = tl.load(row + UNIT * j, mask=inside, other=0)
+    plane = tl.load(row + UNIT * (slots + j // 32), mask=inside, other=0)
     local = (0xFFFF - (word & 0xFFFF)) | (((plane >> (j % 32)) & 1) << 16)
     return tl.where(word != 0, (word >> 16) & 0xFFFF, -1), local * W + rank
 
@@ -220,11 +233,12 @@ else:
 
 
 @triton.jit
-def _sent_keys(sent, sent_rank_stride, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr):
+def _sent_keys(sent, sent_rank_stride, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr,
+               UNIT: tl.constexpr):
     """Every rank's sent (ord16, global id) of the row as [WP2, NP2] (ord16 -1 outside)."""
     rank = tl.arange(0, WP2)[:, None]
     j = tl.arange(0, NP2)[None, :]
-    return _merge_keys(sent + rank * sent_rank_stride, N, j, rank, (rank < W) & (j < N), W)
+    return _merge_keys(sent + rank * sent_rank_stride, N, j, rank, (rank < W) & (j < N), W, UNIT)
 
 
 @triton.jit
@@ -245,15 +259,15 @@ def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.co
 
 
 @triton.jit
-def _chunk_keys(base, slots, start, r, W: tl.constexpr):
+def _chunk_keys(base, slots, start, r, W: tl.constexpr, UNIT: tl.constexpr):
     """(ord16, global id) of rank r's candidate slots start .. start + CHUNK - 1 (``_merge_keys``)."""
     j = start + tl.arange(0, CHUNK)
-    return _merge_keys(base, slots, j, r, j < slots, W)
+    return _merge_keys(base, slots, j, r, j < slots, W, UNIT)
 
 
 @triton.jit
 def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, SHIFT: tl.constexpr,
-                      W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
+                      W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr, UNIT: tl.constexpr):
     """``_ge_counts`` over the row's candidates (SHIFT < 0: the live ones): ``k16`` (REGS), else
     every rank's sent or rescue row, streamed."""
     if REGS:
@@ -263,7 +277,7 @@ def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, S
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
-                keys = _chunk_keys(base, slots, start, r, W)[0]
+                keys = _chunk_keys(base, slots, start, r, W, UNIT)[0]
                 counts += _live_or_ge_counts(keys, t16, SHIFT)
     return counts
 
@@ -280,16 +294,17 @@ def _live_or_ge_counts(k16, t16, SHIFT: tl.constexpr):
 
 @triton.jit
 def _threshold(k16, sent, sent_rank_stride, peers, rescue_at, sat, K,
-               W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr):
+               W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr, UNIT: tl.constexpr):
     """(t16, ties, count): the ord16 of the K-th best candidate (of the last one if fewer are live),
     how many of the candidates at t16 are taken, and how many are taken in all."""
-    live = _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, 0, -1, W, N, R, REGS)
+    live = _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, 0, -1, W, N, R, REGS, UNIT)
     need = tl.minimum(live, K).to(tl.int32)
     t16 = tl.zeros((), dtype=tl.int32)
     above = tl.zeros((), dtype=tl.int32)
     for step in tl.static_range(8):
         shift = 14 - 2 * step
-        counts = _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, shift, W, N, R, REGS)
+        counts = _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, shift, W, N, R, REGS,
+                                   UNIT)
         t16, above = _kth16_step(counts, t16, above, shift, need)
     return t16, need - above, need
 
@@ -325,7 +340,8 @@ def _store_ranked(k16, gid, t16, ties, bits, prefix, start, out):
 
 @triton.jit
 def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, out,
-          W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, WORDS: tl.constexpr, REGS: tl.constexpr):
+          W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, WORDS: tl.constexpr, REGS: tl.constexpr,
+          UNIT: tl.constexpr):
     """The selected global ids, ascending, into ``out``, whatever the slot order of the rows:
     candidates at or above t16 set bits of S or T (scratch, all zero between calls), and per chunk
     of words (one up to 2**17 global ids) the words are read back and cleared, scanned into packed
@@ -340,7 +356,7 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
         for r in range(W):
             base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
             for start in range(0, slots, CHUNK):
-                k, g = _chunk_keys(base, slots, start, r, W)
+                k, g = _chunk_keys(base, slots, start, r, W, UNIT)
                 top = tl.maximum(top, _top_id(k, g, t16))
                 _set_bits(k, g, t16, strict, tied)
     tl.debug_barrier()  # every bit is set (relaxed atomics; the barrier orders them) before the counts
@@ -363,35 +379,52 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
             for r in range(W):
                 base, slots = _candidates(sent, sent_rank_stride, peers, rescue_at, r, _flag(sat, r), N, R)
                 for start in range(0, slots, CHUNK):
-                    k, g = _chunk_keys(base, slots, start, r, W)
+                    k, g = _chunk_keys(base, slots, start, r, W, UNIT)
                     _store_ranked(k, g, t16, ties, bits, prefix, first, out)
         below += tl.sum(counts)
 
 
 @triton.jit
 def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, local_ids, local_count, K, rank,
-               W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
-               KP2: tl.constexpr, WORDS: tl.constexpr):
+               want, timeout_ns, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr,
+               R: tl.constexpr, KP2: tl.constexpr, WORDS: tl.constexpr, UNIT: tl.constexpr):
     """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
-    ``scratch`` = 2 * WORDS words (zero), the outputs already offset to the row."""
-    k16, gid = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2)
+    ``scratch`` = 2 * WORDS words (zero), the outputs already offset to the row. UNIT == 2: a
+    step's tagged rows (the sent ones arrived; a saturated rank's rescue row is waited for with
+    ``want`` and ``timeout_ns``). Whether every row needed arrived (if not, nothing is written)."""
+    k16, gid = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2, UNIT)
     nobody = tl.arange(0, WP2) < 0
     flat16 = tl.reshape(k16, (WP2 * NP2,))
     flat_gid = tl.reshape(gid, (WP2 * NP2,))
-    t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, nobody, K, W, N, R, True)
+    t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, nobody, K, W, N, R, True, UNIT)
 
     # Saturated (may hold deeper candidates of the top K): a full row of N whose lowest key is at
     # or above t16. Counting the ranks at t16 keeps this a superset of the exact test (the lowest
     # key above the K-th), and rescuing a rank that did not need it is exact, only slower.
     lowest = tl.min(tl.where(tl.arange(0, NP2)[None, :] < N, k16, 1 << 16), axis=1)
     sat = (lowest >= t16) & (count > 0)
+    ok = tl.full((), 1, tl.int32)
     if tl.sum(sat.to(tl.int32)) > 0:
-        t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False)
-        _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
-              W, N, R, WORDS, False)
+        if UNIT == 2:
+            for r in range(W):
+                if _flag(sat, r):
+                    ok &= _wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns)
+        if ok != 0:
+            t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False,
+                                          UNIT)
+            _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
+                  W, N, R, WORDS, False, UNIT)
     else:
         _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
-              W, N, R, WORDS, True)
+              W, N, R, WORDS, True, UNIT)
+    if ok != 0:
+        _finish_row(global_ids, local_ids, local_count, count, K, rank, W, KP2)
+    return ok
+
+
+@triton.jit
+def _finish_row(global_ids, local_ids, local_count, count, K, rank, W: tl.constexpr, KP2: tl.constexpr):
+    """The global ids' padding, then this rank's local ids (read back from the global ids)."""
     slot = tl.arange(0, KP2)
     tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=(slot >= count) & (slot < K))
     tl.debug_barrier()  # the global ids are in memory before this rank's own are read back
@@ -411,22 +444,27 @@ def _now():
 
 
 @triton.jit
-def _arrived(flags, rank_stride, want, ranks, W: tl.constexpr):
-    """How many ranks' flags for this row hold ``want`` (acquire: their rows are visible after)."""
-    seen = tl.atomic_add(flags + ranks * rank_stride, tl.zeros_like(ranks), mask=ranks < W, sem="acquire",
-                         scope="sys")
-    return tl.sum(((ranks < W) & (seen == want)).to(tl.int32))
+def _tags_seen(units, mask, want):
+    """Whether every (masked) tagged unit at ``units`` (int32 word pointers) carries the tag ``want``."""
+    tags = tl.load(units + 1, mask=mask, other=0, volatile=True)
+    return (tl.sum((mask & (tags != want)).to(tl.int32)) == 0).to(tl.int32)
 
 
 @triton.jit
-def _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W: tl.constexpr):
-    """``_arrived``, polled until every rank's flag holds ``want`` or ``timeout_ns`` ran out."""
-    arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-    if (arrived < W) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
-        start = _now()
-        while (arrived < W) & (_now() - start < timeout_ns):
-            arrived = _arrived(row_flags, flag_rank_stride, want, ranks, W)
-    return arrived
+def _wait_row(row, units, want, timeout_ns):
+    """Poll a tagged row's first ``units`` units until each carries ``want`` or a chunk's wait ran
+    past ``timeout_ns``: 1 if they all did, else 0."""
+    ok = tl.full((), 1, tl.int32)
+    for start in range(0, units, CHUNK):
+        at = row + 2 * (start + tl.arange(0, CHUNK))
+        inside = start + tl.arange(0, CHUNK) < units
+        seen = _tags_seen(at, inside, want)
+        if (seen == 0) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
+            begin = _now()
+            while (seen == 0) & (_now() - begin < timeout_ns):
+                seen = _tags_seen(at, inside, want)
+        ok &= seen
+    return ok
 
 
 @triton.jit
@@ -441,35 +479,36 @@ def _advance_step(state):
 @triton.jit
 def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
                scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
-               state, flags, flag_rank_stride, parity_gathered, parity_rescue, parity_flags, timeout_ns,
+               state, parity_gathered, parity_rescue, timeout_ns,
                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
                KP2: tl.constexpr, WORDS: tl.constexpr, EXCHANGE: tl.constexpr):
     """One program per row. EXCHANGE: the rows sit in this rank's symmetric buffer at the step's
-    parity; wait (bounded) for every rank's flag of this row, merge, and the last program advances
-    the step. On a timeout the row gets no ids (-1, count 0) and ``state[2]`` records the error."""
+    parity as tagged units; wait (bounded) until every rank's row of this row carries the step's
+    tag, merge, and the last program advances the step. On a timeout the row gets no ids (-1,
+    count 0) and ``state[2]`` records the error."""
     row = tl.program_id(0).to(tl.int64)
     global_ids += row * out_stride
     local_ids += row * out_stride
     local_count += row
-    ok = True
+    sent = gathered + row * gathered_row_stride
+    ok = tl.full((), 1, tl.int32)
+    want = 0
     if EXCHANGE:
         seq = tl.load(state)
         parity = seq & 1
-        gathered += parity * parity_gathered
+        sent += parity * parity_gathered
         rescue_at = rescue_offset + parity * parity_rescue + row * rescue_row_stride
         want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
-        ranks = tl.arange(0, WP2)
-        row_flags = flags + parity * parity_flags + row
-        arrived = _wait_arrived(row_flags, flag_rank_stride, want, ranks, timeout_ns, W)
-        tl.debug_barrier()  # every thread reads the rows after the flags were acquired
-        ok = arrived == W
+        for r in range(W):
+            ok &= _wait_row(sent + r * gathered_rank_stride, N + N // 32, want, timeout_ns)
+        tl.debug_barrier()  # every thread reads the rows after they were seen
     else:
         rescue_at = row * rescue_row_stride
-    if ok:
-        _merge_row(gathered + row * gathered_row_stride, gathered_rank_stride, peers, rescue_at,
-                   scratch + row * scratch_stride, global_ids, local_ids, local_count, K, rank,
-                   W, WP2, N, NP2, R, KP2, WORDS)
-    else:
+    if ok != 0:
+        ok = _merge_row(sent, gathered_rank_stride, peers, rescue_at, scratch + row * scratch_stride, global_ids,
+                        local_ids, local_count, K, rank, want, timeout_ns, W, WP2, N, NP2, R, KP2, WORDS,
+                        2 if EXCHANGE else 1)
+    if ok == 0:
         slot = tl.arange(0, KP2)
         tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
         tl.store(local_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
@@ -490,7 +529,7 @@ def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, res
     if rows:
         _pack_rows[(rows,)](
             ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
-            ids, ids, 0, 0, 0, 0, 0, 0,
+            ids, ids, 0, 0, 0, 0,
             K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False, num_warps=8,
         )
 
@@ -508,7 +547,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
         gathered = gathered.contiguous()
         compiled(world_size, topk, False)(
             gathered.view(-1), gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride, global_ids,
-            local_ids, local_count, rank, peers, gathered.view(-1), 0, 0, 0, 0, 0)
+            local_ids, local_count, rank, peers, 0, 0, 0)
         return
     kp2 = triton.next_power_of_2(topk)
     bitmap_words = _bitmap_words(world_size)
@@ -516,7 +555,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     _dcp_merge[(rows,)](
         gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
         scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
-        peers, peers, 0, 0, 0, 0, 0,
+        peers, 0, 0, 0,
         W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
         NP2=triton.next_power_of_2(n), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False,
         num_warps=MERGE_WARPS,
@@ -576,12 +615,14 @@ def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, loc
 class Workspace:
     """One DCP group's one-round state for one topk, built collectively by ``make_workspace``.
 
-    This rank's symmetric buffer holds (int32 words, the same layout on every rank):
-    ``exchange [2 parities][W ranks][max_rows][packed words]`` (peers push their packed rows here),
-    ``rescue [2][max_rows][rescue words]`` (this rank's local top-K, read by peers),
-    ``flags [2][W][max_rows]`` (a peer's packed row of a step has arrived). ``state`` (local int64)
-    holds the step sequence, the rows merged so far this step, and the error word. The kernels
-    advance the sequence, so CUDA graph replays walk the parities too."""
+    This rank's symmetric buffer holds (int32 words, the same layout on every rank), each B' word
+    as an 8-byte unit (the word, then the step's tag ``(seq & 0x7FFFFFFF) + 1``, stored at once):
+    ``exchange [2 parities][W ranks][max_rows][2 * packed words]`` (peers push their packed rows
+    here), ``rescue [2][max_rows][2 * rescue words]`` (this rank's local top-K, read by peers).
+    A reader knows a unit of the step has arrived when it carries the step's tag (the buffer
+    starts zeroed; tags are >= 1 and a parity's tag changes every other step). ``state`` (local
+    int64) holds the step sequence, the rows merged so far this step, and the error word. The
+    kernels advance the sequence, so CUDA graph replays walk the parities too."""
 
     def __init__(self, group_name: str, buffer: torch.Tensor, buffers: list[int], world_size: int, rank: int,
                  topk: int, local_topk: int, max_rows: int, timeout_s: float, handle=None,
@@ -591,20 +632,18 @@ class Workspace:
         self.topk, self.local_topk, self.max_rows = topk, local_topk, max_rows
         self.timeout_ns = int(timeout_s * 1e9)
         self.buffer, self.handle = buffer, handle
-        pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
-        self.packed_words, self.rescue_words = pw, rw
-        self.exchange_parity = world_size * max_rows * pw
-        self.rescue_parity = max_rows * rw
-        self.flags_parity = world_size * max_rows
+        # int32 words of a tagged packed / rescue row
+        self.packed_words = 2 * packed_row_words(local_topk)
+        self.rescue_words = 2 * packed_row_words(rescue_row_slots(topk))
+        self.exchange_parity = world_size * max_rows * self.packed_words
+        self.rescue_parity = max_rows * self.rescue_words
         self.rescue_offset = 2 * self.exchange_parity
-        self.flags_offset = self.rescue_offset + 2 * self.rescue_parity
         device = buffer.device
         self.peers = torch.tensor(buffers, dtype=torch.int64, device=device)
         self.state = torch.zeros(4, dtype=torch.int64, device=device)
         self.exchange = buffer[: self.rescue_offset]
-        self.own_rows = buffer[rank * max_rows * pw:]
+        self.own_rows = buffer[rank * max_rows * self.packed_words:]
         self.rescue = buffer[self.rescue_offset:]
-        self.flags = buffer[self.flags_offset:]
         # Per-step scratch, owned here so that a step allocates nothing: the local top-K ids, and
         # the Triton merge's bitmaps (the CuTe merge keeps its own in shared memory).
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
@@ -617,7 +656,7 @@ class Workspace:
     @staticmethod
     def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
         pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
-        return 2 * max_rows * (world_size * pw + rw + world_size)
+        return 2 * max_rows * 2 * (world_size * pw + rw)
 
     def triton_scratch(self) -> torch.Tensor:
         """The Triton merge's bitmaps (zero between steps), made on first use."""
@@ -684,8 +723,7 @@ def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
     slots = rescue_row_slots(ws.topk)
     _pack_rows[(ids.shape[0],)](
         ids, ids.stride(0), scores, scores.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
-        ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.flags_offset + ws.rank * ws.max_rows,
-        ws.exchange_parity, ws.rescue_parity, ws.flags_parity,
+        ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.exchange_parity, ws.rescue_parity,
         K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,
         EXCHANGE=True, EARLY_MERGE=_cute_merge(ids), num_warps=8,
     )
@@ -699,13 +737,12 @@ def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor,
 
         compiled(w, ws.topk, True)(
             ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
-            global_ids, local_ids, local_count, ws.rank, ws.state, ws.flags, ws.max_rows,
-            ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns)
+            global_ids, local_ids, local_count, ws.rank, ws.state, ws.exchange_parity, ws.rescue_parity, ws.timeout_ns)
         return
     _dcp_merge[(global_ids.shape[0],)](
         ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
         ws.triton_scratch(), ws.bitmap_words * 2, global_ids, local_ids, global_ids.stride(0), local_count, ws.topk,
-        ws.rank, ws.state, ws.flags, ws.max_rows, ws.exchange_parity, ws.rescue_parity, ws.flags_parity, ws.timeout_ns,
+        ws.rank, ws.state, ws.exchange_parity, ws.rescue_parity, ws.timeout_ns,
         W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
         R=rescue_row_slots(ws.topk),
         KP2=triton.next_power_of_2(ws.topk), WORDS=ws.bitmap_words, EXCHANGE=True, num_warps=MERGE_WARPS,

@@ -94,6 +94,19 @@ def warp_max(x: Int32) -> Int32:
 
 
 @cute.jit
+def load_unit(base: Int64, j: Int32) -> Int64:
+    """Tagged unit j (8 bytes: the word, then its tag) of the row at ``base``, read at system scope
+    (a peer's stores may land while the CTA polls: no stale cached copy)."""
+    ptr = cute.make_ptr(Int64, base + Int64(j) * 8, cute.AddressSpace.gmem, assumed_align=8)
+    return cute.arch.load(ptr, Int64, sem="relaxed", scope="sys")
+
+
+@cute.jit
+def tag_of(unit: Int64) -> Int32:
+    return Int32(unit >> 32)
+
+
+@cute.jit
 def global_row(address: Int64) -> cute.Tensor:
     """int32 words at a raw global address (a peer's buffer from the address table)."""
     ptr = cute.make_ptr(Int32, address, cute.AddressSpace.gmem, assumed_align=4)
@@ -113,13 +126,11 @@ class DcpMerge:
     @cute.jit
     def __call__(self, gathered: cute.Tensor, rank_stride: Int32, row_stride: Int32, peers: cute.Tensor,
                  rescue_offset: Int32, rescue_row_stride: Int32, global_ids: cute.Tensor, local_ids: cute.Tensor,
-                 local_count: cute.Tensor, rank: Int32, state: cute.Tensor, flags: cute.Tensor,
-                 flag_rank_stride: Int32, parity_gathered: Int32, parity_rescue: Int32, parity_flags: Int32,
-                 timeout_ns: Int64, stream):
+                 local_count: cute.Tensor, rank: Int32, state: cute.Tensor, parity_gathered: Int32,
+                 parity_rescue: Int32, timeout_ns: Int64, stream):
         self.kernel(gathered, rank_stride, row_stride, peers, rescue_offset, rescue_row_stride, global_ids, local_ids,
-                    local_count, rank, state, flags, flag_rank_stride, parity_gathered, parity_rescue,
-                    parity_flags, timeout_ns).launch(grid=[global_ids.shape[0], 1, 1], block=[THREADS, 1, 1],
-                                                     stream=stream, use_pdl=self.exchange)
+                    local_count, rank, state, parity_gathered, parity_rescue, timeout_ns).launch(
+            grid=[global_ids.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.exchange)
 
     @cute.jit
     def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
@@ -169,18 +180,17 @@ class DcpMerge:
         return top
 
     @cute.jit
-    def each_streamed(self, action: cutlass.Constexpr[str], gathered: cute.Tensor, sent_at: Int32,
-                      rank_stride: Int32, peers: cute.Tensor, rescue_at: Int32, saturated: Int32, ctx, tid: Int32,
-                      top: Int32):
+    def each_streamed(self, action: cutlass.Constexpr[str], src, ctx, tid: Int32, top: Int32):
         """The action over every candidate of the rescued set: a saturated rank's rescue row (from
         its buffer) in place of its sent row."""
+        gathered, sent_at, rank_stride, peers, rescue_at, saturated = src[:6]
         for r in range(self.W):
             rescued = ((saturated >> r) & 1) != 0
             slots = cutlass.select_(rescued, Int32(self.R), Int32(self.N))
-            sent = Int64((gathered.iterator + (sent_at + r * rank_stride)).toint())
-            words = global_row(cutlass.select_(rescued, peers[r] + Int64(rescue_at) * 4, sent))
+            sent = self.row_base(gathered, sent_at + r * rank_stride)
+            base = cutlass.select_(rescued, peers[r] + Int64(rescue_at) * 4, sent)
             for j in range(tid, slots, THREADS):
-                key, gid = candidate(words[j], words[slots + j // 32], j, r, self.W)
+                key, gid = candidate(self.word(base, j, src), self.word(base, slots + j // 32, src), j, r, self.W)
                 top = self.act(action, key, gid, ctx, top)
         return top
 
@@ -213,16 +223,14 @@ class DcpMerge:
             info[NEED] = need
 
     @cute.jit
-    def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, gathered, sent_at, rank_stride, peers,
-                  rescue_at, saturated, ctx, tid: Int32, marks: cute.Tensor):
+    def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, src, ctx, tid: Int32, marks: cute.Tensor):
         """(t16, ties, count): the K-th candidate's ord16, how many candidates at it are taken, how
         many in all (the histograms are zero on entry). Also leaves the highest live id in info."""
         hist, info = ctx[0], ctx[1]
         lane, warp = tid % 32, tid // 32
         top = Int32(-1)
         if cutlass.const_expr(streamed):
-            top = self.each_streamed("high digit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
-                                     tid, top)
+            top = self.each_streamed("high digit", src, ctx, tid, top)
         else:
             top = self.each_sent("high digit", keys, gids, ctx, top)
         top = warp_max(top)
@@ -236,8 +244,7 @@ class DcpMerge:
         self.mark(marks, "high digit")
         low_ctx = (*ctx[:6], high << 8, *ctx[7:])
         if cutlass.const_expr(streamed):
-            self.each_streamed("low digit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, low_ctx,
-                               tid, top)
+            self.each_streamed("low digit", src, low_ctx, tid, top)
         else:
             self.each_sent("low digit", keys, gids, low_ctx, top)
         cute.arch.sync_threads()
@@ -248,8 +255,7 @@ class DcpMerge:
         return (high << 8) | info[DIGIT], need - above - info[ABOVE], need
 
     @cute.jit
-    def emit(self, streamed: bool, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
-             tid: Int32, warp_sums: cute.Tensor, marks: cute.Tensor):
+    def emit(self, streamed: bool, keys, gids, src, ctx, tid: Int32, warp_sums: cute.Tensor, marks: cute.Tensor):
         """The selected ids, ascending, into ``picked`` (the bitmaps are zero on entry)."""
         hist, info, strict, tied, prefix, picked, t16, ties, _, _, _ = ctx
         chunks = info[TOP] // CHUNK_IDS + 1
@@ -259,8 +265,7 @@ class DcpMerge:
         for c in range(chunks):
             chunk_ctx = (hist, info, strict, tied, prefix, picked, t16, ties, c * CHUNK_IDS, s_below, t_below)
             if streamed:
-                self.each_streamed("set bits", gathered, sent_at, rank_stride, peers, rescue_at, saturated,
-                                   chunk_ctx, tid, Int32(0))
+                self.each_streamed("set bits", src, chunk_ctx, tid, Int32(0))
             else:
                 self.each_sent("set bits", keys, gids, chunk_ctx, Int32(0))
             cute.arch.sync_threads()
@@ -277,8 +282,7 @@ class DcpMerge:
             cute.arch.sync_threads()
             self.mark(marks, "scan")
             if streamed:
-                self.each_streamed("emit", gathered, sent_at, rank_stride, peers, rescue_at, saturated, chunk_ctx,
-                                   tid, Int32(0))
+                self.each_streamed("emit", src, chunk_ctx, tid, Int32(0))
             else:
                 self.each_sent("emit", keys, gids, chunk_ctx, Int32(0))
             s_below = s_below + (total & Int32((1 << T_SHIFT) - 1))
@@ -324,31 +328,58 @@ class DcpMerge:
             local_count[row] = n_mine
 
     @cute.jit
-    def wait_for_rows(self, flags: cute.Tensor, at: Int32, flag_rank_stride: Int32, want: Int32,
-                      timeout_ns: Int64) -> Int32:
-        """How many ranks' flags of the row hold ``want``, polled until all do or the time is up
-        (acquire, system scope: their rows are visible to the CTA after the next barrier)."""
-        arrived = self.arrived(flags, at, flag_rank_stride, want)
-        if (arrived < self.W) & (timeout_ns > 0):
-            start = cute.arch.globaltimer()
-            while (arrived < self.W) & (cute.arch.globaltimer() - start < timeout_ns):
-                arrived = self.arrived(flags, at, flag_rank_stride, want)
-        return arrived
+    def row_base(self, gathered: cute.Tensor, at: Int32) -> Int64:
+        """The address of the row at int32 word ``at`` of ``gathered``."""
+        return Int64((gathered.iterator + at).toint())
 
     @cute.jit
-    def arrived(self, flags: cute.Tensor, at: Int32, flag_rank_stride: Int32, want: Int32) -> Int32:
-        n = Int32(0)
-        for r in cutlass.range_constexpr(self.W):
-            seen = cute.arch.load(flags.iterator + (at + r * flag_rank_stride), Int32, sem="acquire", scope="sys")
-            n = n + Int32(seen == want)
-        return n
+    def word(self, base: Int64, j: Int32, src) -> Int32:
+        """Word j of the B' row at ``base``; in a step (tagged units) once its unit carries the
+        step's tag, polled up to the timeout (then info[ARRIVED] = 0 and the word reads 0)."""
+        if cutlass.const_expr(self.exchange):
+            want, timeout_ns, info = src[6], src[7], src[8]
+            unit = load_unit(base, j)
+            if tag_of(unit) != want:
+                start = cute.arch.globaltimer()
+                while (tag_of(unit) != want) & (cute.arch.globaltimer() - start < timeout_ns) & (
+                        info[ARRIVED] == self.W):
+                    unit = load_unit(base, j)
+                if tag_of(unit) != want:
+                    info[ARRIVED] = Int32(0)
+                    unit = Int64(0)
+            return Int32(unit)
+        else:
+            return global_row(base)[j]
+
+    @cute.jit
+    def load_sent(self, gathered: cute.Tensor, sent_at: Int32, rank_stride: Int32, want: Int32, keys: cute.Tensor,
+                  gids: cute.Tensor, tid: Int32) -> Int32:
+        """The sent rows' words of this thread's slots (tid, tid + THREADS, ...; the W rows laid end
+        to end) into ``keys`` and their plane words into ``gids``, every load in flight before the
+        first use. In a step: whether any unit lacked the step's tag (1) or not (0)."""
+        late = Int32(0)
+        for i in cutlass.range_constexpr(self.per):
+            f = min(i * THREADS + tid, Int32(self.W * self.N - 1))
+            r = f // self.N
+            j = f - r * self.N
+            at = sent_at + r * rank_stride
+            if cutlass.const_expr(self.exchange):
+                base = self.row_base(gathered, at)
+                unit = load_unit(base, j)
+                plane = load_unit(base, self.N + j // 32)
+                keys[i] = Int32(unit)
+                gids[i] = Int32(plane)
+                late = late | Int32(tag_of(unit) != want) | Int32(tag_of(plane) != want)
+            else:
+                keys[i] = gathered[at + j]
+                gids[i] = gathered[at + self.N + j // 32]
+        return late
 
     @cute.kernel
     def kernel(self, gathered: cute.Tensor, rank_stride: Int32, row_stride: Int32, peers: cute.Tensor,
                rescue_offset: Int32, rescue_row_stride: Int32, global_ids: cute.Tensor, local_ids: cute.Tensor,
-               local_count: cute.Tensor, rank: Int32, state: cute.Tensor, flags: cute.Tensor,
-               flag_rank_stride: Int32, parity_gathered: Int32, parity_rescue: Int32, parity_flags: Int32,
-               timeout_ns: Int64):
+               local_count: cute.Tensor, rank: Int32, state: cute.Tensor, parity_gathered: Int32,
+               parity_rescue: Int32, timeout_ns: Int64):
         tid, _, _ = cute.arch.thread_idx()
         lane = tid % 32
         row, _, _ = cute.arch.block_idx()
@@ -378,30 +409,37 @@ class DcpMerge:
 
         sent_at = row * row_stride
         rescue_at = row * rescue_row_stride
+        want = Int32(0)
         if cutlass.const_expr(self.exchange):
             seq = state[0]
             parity = Int32(seq & Int64(1))
             sent_at = sent_at + parity * parity_gathered
             rescue_at = rescue_offset + parity * parity_rescue + rescue_at
-            if tid == 0:
-                want = Int32((seq & Int64(0x7FFFFFFF)) + Int64(1))
-                info[ARRIVED] = self.wait_for_rows(flags, parity * parity_flags + row, flag_rank_stride, want,
-                                                   timeout_ns)
+            want = Int32((seq & Int64(0x7FFFFFFF)) + Int64(1))
+        src = (gathered, sent_at, rank_stride, peers, rescue_at, Int32(0), want, timeout_ns, info)
+        if cutlass.const_expr(self.exchange):
+            if tid < self.W:  # one thread a rank polls its row's last unit (stored last) first
+                self.word(self.row_base(gathered, sent_at + tid * rank_stride), Int32(self.N + self.N // 32 - 1),
+                          src)
         cute.arch.sync_threads()
         self.mark(marks, "wait + clear")
 
+        # The sent candidates into registers: thread tid holds slots tid, tid + THREADS, ... of the
+        # W rows laid end to end (a warp's 32 slots are in one rank's row: N % 32 == 0).
+        keys = cute.make_rmem_tensor(self.per, Int32)  # the words, then the keys
+        gids = cute.make_rmem_tensor(self.per, Int32)  # the plane words, then the global ids
         if info[ARRIVED] == self.W:
-            # The sent candidates into registers: thread tid holds slots tid, tid + THREADS, ... of
-            # the W rows laid end to end (a warp's 32 slots are in one rank's row: N % 32 == 0).
-            keys = cute.make_rmem_tensor(self.per, Int32)  # the words, then the keys
-            gids = cute.make_rmem_tensor(self.per, Int32)  # the plane words, then the global ids
-            for i in cutlass.range_constexpr(self.per):  # every load in flight before the first use
-                f = min(i * THREADS + tid, Int32(self.W * self.N - 1))
-                r = f // self.N
-                j = f - r * self.N
-                at = sent_at + r * rank_stride
-                keys[i] = gathered[at + j]
-                gids[i] = gathered[at + self.N + j // 32]
+            late = self.load_sent(gathered, sent_at, rank_stride, want, keys, gids, tid)
+            if late != 0:  # a unit of the step was not there yet: poll until it is, or the time is up
+                start = cute.arch.globaltimer()
+                while (late != 0) & (cute.arch.globaltimer() - start < timeout_ns):
+                    late = self.load_sent(gathered, sent_at, rank_stride, want, keys, gids, tid)
+                if late != 0:
+                    info[ARRIVED] = Int32(0)
+        if cutlass.const_expr(self.exchange):
+            cute.arch.sync_threads()  # every thread has seen its units (or the time ran out)
+
+        if info[ARRIVED] == self.W:
             for i in cutlass.range_constexpr(self.per):
                 f = i * THREADS + tid
                 inside = f < self.W * self.N
@@ -416,8 +454,7 @@ class DcpMerge:
             self.mark(marks, "load")
 
             ctx = (hist, info, strict, tied, prefix, picked, Int32(0), Int32(0), Int32(0), Int32(0), Int32(0))
-            t16, ties, count = self.threshold(False, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at,
-                                              Int32(0), ctx, tid, marks)
+            t16, ties, count = self.threshold(False, keys, gids, src, ctx, tid, marks)
             saturated = Int32(0)
             for r in cutlass.range_constexpr(self.W):
                 if (lowest[r] >= t16) & (count > 0):
@@ -429,14 +466,15 @@ class DcpMerge:
                 if tid == 0:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()
-                t16, ties, count = self.threshold(True, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at,
-                                                  saturated, ctx, tid, marks)
+                src = (*src[:5], saturated, *src[6:])
+                t16, ties, count = self.threshold(True, keys, gids, src, ctx, tid, marks)
             ctx = (hist, info, strict, tied, prefix, picked, t16, ties, Int32(0), Int32(0), Int32(0))
-            self.emit(saturated != 0, keys, gids, gathered, sent_at, rank_stride, peers, rescue_at, saturated, ctx,
-                      tid, warp_sums, marks)
+            self.emit(saturated != 0, keys, gids, src, ctx, tid, warp_sums, marks)
             self.write_out(picked, count, rank, row, global_ids, local_ids, local_count, warp_sums, tid, marks)
             self.mark(marks, "local ids")
-        else:  # a peer's rows never came: no ids, and the error word
+        if cutlass.const_expr(self.exchange):
+            cute.arch.sync_threads()  # a rescue row's wait may have run out in any thread
+        if info[ARRIVED] != self.W:  # a peer's rows never came: no ids, and the error word
             for j in range(tid, self.K, THREADS):
                 global_ids[row, j] = Int32(-1)
                 local_ids[row, j] = Int32(-1)
@@ -469,9 +507,8 @@ def compiled(world_size: int, topk: int, exchange: bool, profile: bool = False):
     local_ids = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
     count = fake(Int32, (rows,), stride=(1,), assumed_align=4)
     state = fake(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
-    flags = fake(Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
     merge = DcpMerge(world_size, topk, exchange, profile)
     return cute.compile(merge, flat, Int32(0), Int32(0), peers, Int32(0), Int32(0), global_ids, local_ids, count,
-                        Int32(0), state, flags, Int32(0), Int32(0), Int32(0), Int32(0), Int64(0), stream,
+                        Int32(0), state, Int32(0), Int32(0), Int64(0), stream,
                         options="--enable-tvm-ffi")
