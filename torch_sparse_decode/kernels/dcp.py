@@ -123,9 +123,13 @@ def _store_words(out, at, word, mask, tag, TAGGED: tl.constexpr):
 def _store_packed(out, pos, word, take, slot, need, planes, plane_words, tag, N: tl.constexpr,
                   TAGGED: tl.constexpr):
     """A packed B' row: the taken words at their positions, zero slots after ``need``, the planes
-    (every slot and plane written, so a tagged row is whole once every unit has the tag)."""
+    (every slot and plane written, so a tagged row is whole once every unit has the tag). Tagged,
+    the planes are stored after every thread's slots: the merge polls the last plane unit first,
+    and units issued earlier mostly land earlier (it still checks every unit's tag)."""
     _store_words(out, pos, word, take, tag, TAGGED)
     _store_words(out, slot, tl.zeros_like(slot), (slot >= need) & (slot < N), tag, TAGGED)
+    if TAGGED:
+        tl.debug_barrier()
     _store_words(out, N + planes, plane_words, planes < N // 32, tag, TAGGED)
 
 

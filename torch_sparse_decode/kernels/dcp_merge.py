@@ -190,9 +190,30 @@ class DcpMerge:
             sent = self.row_base(gathered, sent_at + r * rank_stride)
             base = cutlass.select_(rescued, peers[r] + Int64(rescue_at) * 4, sent)
             for j in range(tid, slots, THREADS):
-                key, gid = candidate(self.word(base, j, src), self.word(base, slots + j // 32, src), j, r, self.W)
+                key, gid = candidate(self.arrived_word(base, j), self.arrived_word(base, slots + j // 32), j, r,
+                                     self.W)
                 top = self.act(action, key, gid, ctx, top)
         return top
+
+    @cute.jit
+    def arrived_word(self, base: Int64, j: Int32) -> Int32:
+        """Word j of the B' row at ``base`` (in a step: of a unit already seen with the step's tag;
+        read at system scope all the same, so no copy cached before it landed is used)."""
+        if cutlass.const_expr(self.exchange):
+            return Int32(load_unit(base, j))
+        else:
+            return global_row(base)[j]
+
+    @cute.jit
+    def wait_rescued(self, src, tid: Int32):
+        """In a step: every unit of the saturated ranks' rescue rows, polled until it carries the
+        step's tag (``word``; the CTA's threads split the units)."""
+        peers, rescue_at, saturated = src[3], src[4], src[5]
+        for r in range(self.W):
+            if ((saturated >> r) & 1) != 0:
+                base = peers[r] + Int64(rescue_at) * 4
+                for u in range(tid, self.R + self.R // 32, THREADS):
+                    self.word(base, u, src)
 
     # ------------------------------------------------------------------------------ steps
 
@@ -467,6 +488,9 @@ class DcpMerge:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()
                 src = (*src[:5], saturated, *src[6:])
+                if cutlass.const_expr(self.exchange):
+                    self.wait_rescued(src, tid)
+                    cute.arch.sync_threads()
                 t16, ties, count = self.threshold(True, keys, gids, src, ctx, tid, marks)
             ctx = (hist, info, strict, tied, prefix, picked, t16, ties, Int32(0), Int32(0), Int32(0))
             self.emit(saturated != 0, keys, gids, src, ctx, tid, warp_sums, marks)
