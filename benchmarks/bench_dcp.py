@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
+from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
 
 K = 2048
 LOCAL = 65536
@@ -76,6 +76,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
         ["T", "ours: full step", "ours: local part", "exchange + merge", "stock torch", "our top-k exchange",
          "NCCL all-gather of packed rows", "bytes/row/rank pushed (tagged)", "stock / ours",
          "bars met: exchange + merge <= 8 us; >= 3x stock; < our top-k"],
+        f"{ROTATED}; {ALIGNED}",
     )
     for rows in (1, 8) if quick else (1, 8, 32):
         sets = make_sets(rows, rank)
@@ -90,7 +91,10 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
                                             local_out, final_out)
         gathered = torch.empty(world_size * rows, words, dtype=torch.int32, device="cuda")
         gather = lambda i: dist.all_gather_into_tensor(gathered, packed, group=group)  # noqa: E731
-        t_full, t_local, t_stock, t_ours, t_gather = (graph_us(f) for f in (full, local, stock, ours_topk, gather))
+        token = torch.zeros(1, device="cuda")
+        align = lambda: dist.all_reduce(token, group=group)  # noqa: E731
+        t_full, t_local, t_stock, t_ours, t_gather = (graph_us(f, align=align)
+                                                      for f in (full, local, stock, ours_topk, gather))
         dcp.dcp_topk_merge_check(group)
         exchange = t_full - t_local
         met = ("yes" if ok else "no" for ok in (exchange <= 8.0, t_stock / t_full >= 3.0, t_full < t_ours))

@@ -20,6 +20,9 @@ ROTATE_BYTES = 4 * 60 * 2**20  # four times the H200's 60 MB L2
 GRAPH_TIMING = f"per call in a CUDA graph of {CALLS_PER_GRAPH} calls, median of {REPLAYS} replays"
 # Tables of calls on one small input set (the merge's B' rows: tens of KB, left in L2).
 SAME_INPUTS = f"{GRAPH_TIMING}, the same inputs every call"
+ROTATED = f"{GRAPH_TIMING}, inputs rotated over > {ROTATE_BYTES >> 20} MiB"
+# Tables of 2-GPU calls timed with graph_us(align=...).
+ALIGNED = "each replay starts after a one-element all-reduce, so both ranks start it together"
 
 
 def spawn_ranks(rank_main: Callable, world_size: int, *args) -> None:
@@ -51,10 +54,14 @@ def rotation(make_inputs: Callable[[int], Sequence[torch.Tensor]], bytes_per_set
     return [make_inputs(seed) for seed in range(count)]
 
 
-def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, replays: int = REPLAYS) -> float:
+def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, replays: int = REPLAYS,
+             align: Callable[[], object] | None = None) -> float:
     """Median per-call microseconds of ``call(0) ... call(calls - 1)`` captured in one CUDA graph.
 
     ``call(i)`` launches the i-th call; it should pick its input set as ``i % len(sets)``.
+    ``align`` (multi-GPU calls): enqueued before each replay's start event, a collective that ends
+    on every rank at about the same moment, so that a rank's replay does not also time how late
+    its peer's host launched the same replay (``ALIGNED``).
     """
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -71,6 +78,8 @@ def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, rep
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
+        if align is not None:
+            align()
         start.record()
         graph.replay()
         end.record()
@@ -123,7 +132,7 @@ class Table:
     def __init__(self, title: str, columns: Sequence[str], timing: str | None = None):
         """``timing``: how the numbers were taken, when not by ``graph_us`` (SPEC section 3)."""
         self.title, self.columns, self.rows = title, list(columns), []
-        self.timing = timing or f"{GRAPH_TIMING}, inputs rotated over > {ROTATE_BYTES >> 20} MiB"
+        self.timing = timing or ROTATED
 
     def add(self, *values) -> None:
         self.rows.append([_fmt(v) for v in values])

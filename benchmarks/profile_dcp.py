@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from bench_dcp import simulated_rows
-from harness import SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
+from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
 from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
 from torch_sparse_decode.kernels.dcp import _advance_step, _wait_row
 
@@ -59,7 +59,8 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL), "no one-round merge"
     ws = kernels.WORKSPACES[(group.group_name, K)]
     table = Table(f"DCP step parts, W = {world_size}, K = {K}, {LOCAL >> 10}K local tokens (us per step, rank 0)",
-                  ["T", "select", "local part", "no merge", "full step", "pack", "exchange", "merge"])
+                  ["T", "select", "local part", "no merge", "full step", "pack", "exchange", "merge"],
+                  f"{ROTATED}; {ALIGNED}")
     for rows in (1, 8) if quick else (1, 8, 32):
         def make(seed: int):
             gen = torch.Generator(device="cuda").manual_seed(1000 * seed + rank)
@@ -86,7 +87,9 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
         def full(i: int) -> None:
             dcp.dcp_topk_merge(*sets[i % len(sets)], K, group)
 
-        t_select, t_local, t_no_merge, t_full = (graph_us(f) for f in (select, local, no_merge, full))
+        token = torch.zeros(1, device="cuda")
+        align = lambda: dist.all_reduce(token, group=group)  # noqa: E731
+        t_select, t_local, t_no_merge, t_full = (graph_us(f, align=align) for f in (select, local, no_merge, full))
         dcp.dcp_topk_merge_check(group)
         table.add(rows, t_select, t_local, t_no_merge, t_full, t_local - t_select, t_no_merge - t_local,
                   t_full - t_no_merge)
