@@ -6,13 +6,13 @@ and the one-round pack, merge and symmetric-memory step behind it.
   ``_pack_rows`` recomputes their ord16 (bf16 rounding on the bits, so the CPU interpreter and
   the GPU agree bit for bit) and writes the rescue row (all K) and the packed row (the best N of
   them, a 16-bit radix select on ord16, ties taken in ascending id order), both B' rows with
-  slots in ascending local id. In a step it also pushes the packed row into every peer's buffer
-  and releases a flag per (rank, row) there.
+  slots in ascending local id. In a step it writes them as 8-byte units (each word with the
+  step's tag) and also pushes the packed row into every peer's buffer; no flag, no fence.
 - Merge: on CUDA tensors the CuTe kernel of ``kernels/dcp_merge.py``; here ``_dcp_merge``, its
   Triton twin with the same arguments and results, which the CPU interpreter runs in CI (and
-  bench_dcp.py times beside it). One program per row, after a bounded wait for every rank's
-  flag of the row. The sent rows sit in registers; eight counting steps (two bits each) find
-  t16, the ord16 of the K-th candidate; the selection is every candidate above t16 plus the
+  bench_dcp.py times beside it). One program per row, after a bounded wait until every unit of
+  the row's W rows carries the step's tag. The sent rows sit in registers; eight counting steps
+  (two bits each) find t16, the ord16 of the K-th candidate; the selection is every candidate above t16 plus the
   lowest global ids at t16. A full row whose lowest ord16 is >= t16 may hold deeper candidates
   (saturated); if any, t16 is found again over a streamed candidate set with their rescue rows
   (read from their buffers through an address table) in place of their sent rows. Ids come out

@@ -1,28 +1,30 @@
 """The DCP one-round merge on the GPU (CuTe DSL): ``merge_rows`` / ``merge_step``'s CUDA kernel.
 
-One CTA of 1024 threads per row, everything between the flags and the outputs in shared memory:
+One CTA of 1024 threads per row, everything between the rows and the outputs in shared memory:
 
-- Wait (a step): thread 0 polls the row's W flags (acquire, system scope, bounded by
-  ``%globaltimer``) while the others clear shared memory.
-- The W sent B' rows (W * N <= 6240 candidates) go into registers as (ord16, global id).
+- Wait (a step): the rows arrive as 8-byte units (a B' word, then the step's tag; no flag). Thread
+  r < W polls the last unit of rank r's row (system scope, bounded by ``%globaltimer``) while the
+  others clear shared memory.
+- The W sent B' rows (W * N <= 6240 candidates) go into registers as (ord16, global id); in a
+  step every thread checks its units' tags and polls any that came late.
 - t16, the ord16 of the K-th candidate, in two 8-bit digits: a 256-bin shared histogram each,
   scanned from the top by one warp (8 bins a lane). Per rank, the lowest sent ord16 (an empty
   slot counts as -1) gives the saturation test "a full row whose lowest ord16 >= t16" (a superset
   of the exact test; rescuing a rank that did not need it adds only candidates of its local
   top-K, so the answer stays exact). With any saturated rank the candidates (its rescue row,
-  read through the address table, in place of its sent row) are streamed from memory through
-  the same two digits and the output instead.
+  read through the address table, in place of its sent row; in a step polled for its tags first)
+  are streamed from memory through the same two digits and the output instead.
 - Output, ascending whatever the slot order: candidates at or above t16 set bits of two shared
   bitmaps over global ids (S: above t16, T: at t16), 2**17 ids a chunk; one scan of the words'
   popcounts gives each selected id its slot, S below + min(T below, ties), and a tie is taken
   iff its T rank < ties. The ids land in shared memory, then go out coalesced; this rank's local
   ids follow from a warp-ordered compaction of them.
 - A step's merge is launched as a programmatic dependent of the pack, which lets it start at the
-  pack's start: its launch and setup overlap the pack, and the flags (not the stream) order it
+  pack's start: its launch and setup overlap the pack, and the tags (not the stream) order it
   after every rank's rows. (Nothing else it reads is written by the pack: the step counter is
   advanced by the previous step's merge, and the kernels before the pack finished before it.)
-- A step's last CTA advances the step counter (the buffers' parity); a timed-out wait writes no
-  ids (-1, count 0) and sets the error word.
+- A step's last CTA advances the step counter (the buffers' parity and the tag); a timed-out
+  wait writes no ids (-1, count 0) and sets the error word.
 
 Why CuTe DSL: the merge is a chain of CTA-wide steps on a few thousand keys (latency, not
 bandwidth); shared-memory atomics, warp votes and one-warp scans make each step a barrier or two,
