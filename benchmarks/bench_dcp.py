@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
+from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rank_aligner, rotation, two_gpu_main
 
 K = 2048
 LOCAL = 65536
@@ -91,8 +91,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
                                             local_out, final_out)
         gathered = torch.empty(world_size * rows, words, dtype=torch.int32, device="cuda")
         gather = lambda i: dist.all_gather_into_tensor(gathered, packed, group=group)  # noqa: E731
-        token = torch.zeros(1, device="cuda")
-        align = lambda: dist.all_reduce(token, group=group)  # noqa: E731
+        align = rank_aligner(group)
         t_full, t_local, t_stock, t_ours, t_gather = (graph_us(f, align=align)
                                                       for f in (full, local, stock, ours_topk, gather))
         dcp.dcp_topk_merge_check(group)

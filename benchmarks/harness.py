@@ -89,6 +89,14 @@ def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, rep
     return statistics.median(times)
 
 
+def rank_aligner(group) -> Callable[[], object]:
+    """``graph_us``'s ``align`` for a process group: a one-element all-reduce on the current stream."""
+    import torch.distributed as dist
+
+    token = torch.zeros(1, device="cuda")
+    return lambda: dist.all_reduce(token, group=group)
+
+
 # MEASURED.md: a 1 GiB device-to-device copy on the H200. The floor uses the larger of this and
 # what this run measures, so a slow measurement never loosens a bar.
 REFERENCE_COPY_TBS = 4.23

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from bench_dcp import simulated_rows
-from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rotation, two_gpu_main
+from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rank_aligner, rotation, two_gpu_main
 from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
 from torch_sparse_decode.kernels.dcp import _advance_step, _wait_row
 
@@ -87,8 +87,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
         def full(i: int) -> None:
             dcp.dcp_topk_merge(*sets[i % len(sets)], K, group)
 
-        token = torch.zeros(1, device="cuda")
-        align = lambda: dist.all_reduce(token, group=group)  # noqa: E731
+        align = rank_aligner(group)
         t_select, t_local, t_no_merge, t_full = (graph_us(f, align=align) for f in (select, local, no_merge, full))
         dcp.dcp_topk_merge_check(group)
         table.add(rows, t_select, t_local, t_no_merge, t_full, t_local - t_select, t_no_merge - t_local,

@@ -283,3 +283,66 @@ def test_a_missing_peer_gives_no_ids_and_an_error():
     kernels.merge_step(group[0], outs[0], outs[1], count)
     assert bool((outs[0] == -1).all()) and bool((outs[1] == -1).all()) and bool((count == 0).all())
     assert group[0].failed() and group[0].state[:2].tolist() == [1, 0]
+
+
+def _push_all(group, x, lengths, topk):
+    for rank, ws in enumerate(group):
+        kernels.push_rows(ws, _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE), x[rank].to(DEVICE))
+
+
+def _merge(ws, rows, topk):
+    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
+    kernels.merge_step(ws, outs[0], outs[1], count)
+    return outs[0].cpu(), outs[1].cpu(), count.cpu()
+
+
+def _check_rows_but(row, got, want, rank):
+    """Row ``row`` failed (no ids, count 0); every other row is the oracle's."""
+    (g, l, c), (want_global, want_local, want_count) = got, want
+    assert bool((g[row] == -1).all()) and bool((l[row] == -1).all()) and int(c[row]) == 0
+    others = [r for r in range(g.shape[0]) if r != row]
+    assert torch.equal(g[others], want_global[others])
+    assert torch.equal(l[others], want_local[rank][others])
+    assert torch.equal(c[others], want_count[rank][others])
+
+
+@pytest.mark.parametrize("unit", ["first", "middle", "last plane"])
+def test_a_unit_without_the_steps_tag_is_never_read(unit):
+    """A unit of rank 1's pushed row 2 in rank 0's buffer is put back to a stale tag (and a word
+    that would change the answer): rank 0's row 2 comes back empty with the error word set (a
+    timeout of 0), its other rows and rank 1's merge stay exact. The merge polls the last plane
+    unit first, then checks every unit of every row it reads."""
+    topk, row = 256, 2
+    group = _simulated_group(2, topk, max_rows=4, timeout_s=0.0)
+    x, lengths = mixed(2, 600, seed=5, kind="random")
+    _push_all(group, x, lengths, topk)
+    ws = group[0]
+    units = ws.packed_words // 2
+    j = {"first": 0, "middle": units // 2, "last plane": units - 1}[unit]
+    at = 1 * ws.max_rows * ws.packed_words + row * ws.packed_words + 2 * j  # rank 1's row, parity 0
+    ws.exchange[at] = 0x7FFF0000  # an ord16 above every live key, had it been read
+    ws.exchange[at + 1] = 0  # the tag of no step
+    want = oracle.dcp_global_topk(x, lengths, topk)
+    _check_rows_but(row, _merge(ws, x.shape[1], topk), want, 0)
+    assert ws.failed()
+    got = _merge(group[1], x.shape[1], topk)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1][1]) and torch.equal(got[2], want[2][1])
+    assert not group[1].failed()
+
+
+def test_a_rescue_row_without_the_steps_tag_is_never_read():
+    """Rows that saturate a rank: the rescue rows' units of row 1 carry a stale tag in both ranks'
+    buffers, so whichever rank row 1 rescues, its merge finds it not arrived: row 1 comes back
+    empty with the error word set on both ranks, the other rows exact."""
+    topk, row = 256, 1
+    group = _simulated_group(2, topk, max_rows=4, timeout_s=0.0)
+    n = dcp.dcp_merge_local_topk(topk, 2)
+    x, lengths = saturating(2, topk, 2 * n + 77, seed=3)
+    _push_all(group, x, lengths, topk)
+    for ws in group:
+        ws.rescue[row * ws.rescue_words + 1 + 2 * 7] = 0  # slot 7's tag, parity 0
+    want = oracle.dcp_global_topk(x, lengths, topk)
+    for rank, ws in enumerate(group):
+        _check_rows_but(row, _merge(ws, x.shape[1], topk), want, rank)
+        assert ws.failed()
