@@ -22,7 +22,9 @@ GRAPH_TIMING = f"per call in a CUDA graph of {CALLS_PER_GRAPH} calls, median of 
 SAME_INPUTS = f"{GRAPH_TIMING}, the same inputs every call"
 ROTATED = f"{GRAPH_TIMING}, inputs rotated over > {ROTATE_BYTES >> 20} MiB"
 # Tables of 2-GPU calls timed with graph_us(align=...).
-ALIGNED = "each replay starts after a one-element all-reduce, so both ranks start it together"
+ALIGNED = ("each replay starts after a one-element all-reduce and a ~20 us device sleep, so both ranks start it "
+           "together")
+ALIGN_SLEEP_CYCLES = 40_000  # ~20 us at the H200's clock: both hosts have launched the replay by then
 
 
 def spawn_ranks(rank_main: Callable, world_size: int, *args) -> None:
@@ -89,12 +91,19 @@ def graph_us(call: Callable[[int], object], *, calls: int = CALLS_PER_GRAPH, rep
     return statistics.median(times)
 
 
-def rank_aligner(group) -> Callable[[], object]:
-    """``graph_us``'s ``align`` for a process group: a one-element all-reduce on the current stream."""
+def rank_aligner(group) -> Callable[[], None]:
+    """``graph_us``'s ``align`` for a process group: a one-element all-reduce on the current stream
+    (it ends on every rank at about the same moment), then a short device sleep (so that the start
+    event never waits for this rank's host to launch the replay)."""
     import torch.distributed as dist
 
     token = torch.zeros(1, device="cuda")
-    return lambda: dist.all_reduce(token, group=group)
+
+    def align() -> None:
+        dist.all_reduce(token, group=group)
+        torch.cuda._sleep(ALIGN_SLEEP_CYCLES)
+
+    return align
 
 
 # MEASURED.md: a 1 GiB device-to-device copy on the H200. The floor uses the larger of this and
