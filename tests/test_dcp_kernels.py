@@ -290,7 +290,7 @@ def _push_all(group, x, lengths, topk):
         kernels.push_rows(ws, _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE), x[rank].to(DEVICE))
 
 
-def _merge(ws, rows, topk):
+def _merge_step(ws, rows, topk):
     outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
     count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
     kernels.merge_step(ws, outs[0], outs[1], count)
@@ -324,9 +324,9 @@ def test_a_unit_without_the_steps_tag_is_never_read(unit):
     ws.exchange[at] = 0x7FFF0000  # an ord16 above every live key, had it been read
     ws.exchange[at + 1] = 0  # the tag of no step
     want = oracle.dcp_global_topk(x, lengths, topk)
-    _check_rows_but(row, _merge(ws, x.shape[1], topk), want, 0)
+    _check_rows_but(row, _merge_step(ws, x.shape[1], topk), want, 0)
     assert ws.failed()
-    got = _merge(group[1], x.shape[1], topk)
+    got = _merge_step(group[1], x.shape[1], topk)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1][1]) and torch.equal(got[2], want[2][1])
     assert not group[1].failed()
 
@@ -344,5 +344,5 @@ def test_a_rescue_row_without_the_steps_tag_is_never_read():
         ws.rescue[row * ws.rescue_words + 1 + 2 * 7] = 0  # slot 7's tag, parity 0
     want = oracle.dcp_global_topk(x, lengths, topk)
     for rank, ws in enumerate(group):
-        _check_rows_but(row, _merge(ws, x.shape[1], topk), want, rank)
+        _check_rows_but(row, _merge_step(ws, x.shape[1], topk), want, rank)
         assert ws.failed()
