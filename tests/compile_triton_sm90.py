@@ -23,7 +23,8 @@ PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i6
 MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i64", peers="*i64",
              rescue_offset="i64", rescue_row_stride="i64", scratch="*i32", scratch_stride="i64", global_ids="*i32",
              local_ids="*i32", out_stride="i64", local_count="*i32", K="i32", rank="i32", state="*i64",
-             parity_gathered="i64", parity_rescue="i64", timeout_ns="i64", W="constexpr", WP2="constexpr", N="constexpr", NP2="constexpr", R="constexpr",
+             parity_gathered="i64", parity_rescue="i64", timeout_ns="i64", W="constexpr", WP2="constexpr",
+             N="constexpr", NP2="constexpr", R="constexpr",
              KP2="constexpr", WORDS="constexpr", EXCHANGE="constexpr")
 
 
