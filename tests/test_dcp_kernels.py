@@ -242,6 +242,19 @@ def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float
                               max_local_len=max_local_len) for r in range(world_size)]
 
 
+def _push_all(group, x, lengths, topk):
+    for rank, ws in enumerate(group):
+        kernels.push_rows(ws, _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE), x[rank].to(DEVICE))
+
+
+def _merge_step(ws, rows, topk):
+    """One rank's merge of a step into poisoned outputs: (global ids, local ids, counts) on the CPU."""
+    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+    count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
+    kernels.merge_step(ws, outs[0], outs[1], count)
+    return outs[0].cpu(), outs[1].cpu(), count.cpu()
+
+
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
 def test_exchange_step_over_simulated_ranks(world_size, topk):
     """The symmetric-memory step (tagged push into every rank's buffer, then wait + merge + step
@@ -256,19 +269,14 @@ def test_exchange_step_over_simulated_ranks(world_size, topk):
             x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77 + step, seed=step)
         else:
             x, lengths = mixed(world_size, 600, seed=step, kind=("random", "all_equal")[step // 2])
-        rows = x.shape[1]
-        for rank, ws in enumerate(group):
-            ids = _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE)
-            kernels.push_rows(ws, ids, x[rank].to(DEVICE))
+        _push_all(group, x, lengths, topk)
         want_global, want_local, want_count = oracle.dcp_global_topk(x, lengths, topk)
         for rank, ws in enumerate(group):
-            outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-            count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
-            kernels.merge_step(ws, outs[0], outs[1], count)
+            got_global, got_local, got_count = _merge_step(ws, x.shape[1], topk)
             where = f"step {step} rank {rank}"
-            assert torch.equal(outs[0].cpu(), want_global), where
-            assert torch.equal(outs[1].cpu(), want_local[rank]), where
-            assert torch.equal(count.cpu(), want_count[rank]), where
+            assert torch.equal(got_global, want_global), where
+            assert torch.equal(got_local, want_local[rank]), where
+            assert torch.equal(got_count, want_count[rank]), where
             assert ws.state[:3].tolist() == [step + 1, 0, 0], where  # advanced, reset, no error
 
 
@@ -278,23 +286,9 @@ def test_a_missing_peer_gives_no_ids_and_an_error():
     group = _simulated_group(2, 256, max_rows=4, timeout_s=0.0)
     x, lengths = mixed(2, 600, seed=9, kind="random")
     kernels.push_rows(group[0], _ascending_local_topk(x[0], lengths[0], 256).to(DEVICE), x[0].to(DEVICE))
-    outs = [torch.full((4, 256), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-    count = torch.full((4,), -7, dtype=torch.int32, device=DEVICE)
-    kernels.merge_step(group[0], outs[0], outs[1], count)
-    assert bool((outs[0] == -1).all()) and bool((outs[1] == -1).all()) and bool((count == 0).all())
+    got_global, got_local, count = _merge_step(group[0], 4, 256)
+    assert bool((got_global == -1).all()) and bool((got_local == -1).all()) and bool((count == 0).all())
     assert group[0].failed() and group[0].state[:2].tolist() == [1, 0]
-
-
-def _push_all(group, x, lengths, topk):
-    for rank, ws in enumerate(group):
-        kernels.push_rows(ws, _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE), x[rank].to(DEVICE))
-
-
-def _merge_step(ws, rows, topk):
-    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-    count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
-    kernels.merge_step(ws, outs[0], outs[1], count)
-    return outs[0].cpu(), outs[1].cpu(), count.cpu()
 
 
 def _check_rows_but(row, got, want, rank):
