@@ -23,6 +23,8 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
   order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
   instead (four passes, still exact). That ordered copy costs one CTA barrier per tile.
+- A row of <= k_sel keys keeps them all: the engine writes every valid id in order and the padding without
+  reading a key (and the block-key pre-pass skips such rows), so short rows cost a launch.
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
@@ -575,6 +577,14 @@ class RadixTopk:
         inside = (in_bin - Int64(r - above)) * Int64(1 << shift) // in_bin
         return Uint32((Int64(d) << Int64(shift)) + inside)
 
+    @cute.jit
+    def keep_all(self, out: cute.Tensor, row: Int32, valid: Int32, rank: Int32, tid: Int32):
+        """A row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid id, so its
+        output is 0 .. valid - 1 then -1 whatever the keys hold: nothing is read, the cluster's CTAs
+        write interleaved stretches."""
+        for i in range(rank * THREADS + tid, out.shape[1], self.ranks * THREADS):
+            out[row, i] = cutlass.select_(i < valid, i, Int32(-1))
+
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
                out: cute.Tensor):
@@ -619,16 +629,18 @@ class RadixTopk:
         span = (row_off, base, lo, hi, tiles)
         refetch = Boolean(True)  # False once the first pass has left the whole span in the ring
 
-        # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
-        # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
-        # `mine_above` / `mine_tied`: this CTA's keys > t / == t. Rows of <= k_sel keys keep all.
-        t = Uint32(0)
-        take = Int32(0)
-        mine_above = hi - lo
-        mine_tied = Int32(0)
-        kept = Int32(0)
-        last = 1 if self.ord16 else 2  # ord16 keys (ord16 << 16) are whole after two digits
-        if n > k_sel:
+        if n <= k_sel:
+            self.keep_all(out, row, valid, rank, tid)
+        else:
+            # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
+            # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
+            # `mine_above` / `mine_tied`: this CTA's keys > t / == t.
+            t = Uint32(0)
+            take = Int32(0)
+            mine_above = hi - lo
+            mine_tied = Int32(0)
+            kept = Int32(0)
+            last = 1 if self.ord16 else 2  # ord16 keys (ord16 << 16) are whole after two digits
             zero_fill(hist, 3 * BINS, tid, THREADS)
             if tid == 0:
                 claimed[0] = Int32(0)
@@ -699,67 +711,67 @@ class RadixTopk:
                                                             refetch, keys, ids)
             mine_tied = hist[last * BINS + digit_of(t, last)]
 
-        self.mark(marks, "digits 1-2")
+            self.mark(marks, "digits 1-2")
 
-        # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
-        if tid == 0:
-            shared[0] = mine_above
-            shared[1] = mine_tied
-        cluster_sync(self.ranks)
-        eq_run = Int32(0)
-        eq_before = Int32(0)
-        out_base = Int32(0)
-        out_total = Int32(0)
-        above_r = cute.make_rmem_tensor(self.ranks, Int32)
-        tied_r = cute.make_rmem_tensor(self.ranks, Int32)
-        for r in cutlass.range_constexpr(self.ranks):  # every remote load in flight before the sums
-            above_r[r] = load_rank(shared, Int32(0), r)
-            tied_r[r] = load_rank(shared, Int32(1), r)
-        for r in cutlass.range_constexpr(self.ranks):
-            eq_r = tied_r[r]
-            taken = above_r[r] + min(max(take - eq_run, Int32(0)), eq_r)
-            if r < rank:
-                out_base = out_base + taken
-            if r == rank:
-                eq_before = eq_run
-            out_total = out_total + taken
-            eq_run = eq_run + eq_r
-        self.mark(marks, "offsets")
-        # Ties need ranks in index order only when some of them are left out.
-        ranked = (eq_before < take) & (eq_before + mine_tied > take)
+            # 2. Output offsets: CTAs write in rank order; ties at t go to the lowest ids.
+            if tid == 0:
+                shared[0] = mine_above
+                shared[1] = mine_tied
+            cluster_sync(self.ranks)
+            eq_run = Int32(0)
+            eq_before = Int32(0)
+            out_base = Int32(0)
+            out_total = Int32(0)
+            above_r = cute.make_rmem_tensor(self.ranks, Int32)
+            tied_r = cute.make_rmem_tensor(self.ranks, Int32)
+            for r in cutlass.range_constexpr(self.ranks):  # every remote load in flight before the sums
+                above_r[r] = load_rank(shared, Int32(0), r)
+                tied_r[r] = load_rank(shared, Int32(1), r)
+            for r in cutlass.range_constexpr(self.ranks):
+                eq_r = tied_r[r]
+                taken = above_r[r] + min(max(take - eq_run, Int32(0)), eq_r)
+                if r < rank:
+                    out_base = out_base + taken
+                if r == rank:
+                    eq_before = eq_run
+                out_total = out_total + taken
+                eq_run = eq_run + eq_r
+            self.mark(marks, "offsets")
+            # Ties need ranks in index order only when some of them are left out.
+            ranked = (eq_before < take) & (eq_before + mine_tied > take)
 
-        # 3. The kept ids, in index order: from the copy when there is one, else from the row.
-        written = out_base
-        if (n > k_sel) & (kept <= CAP):
-            for start in range(0, kept, TILE):
-                for i in cutlass.range_constexpr(PER):
-                    j = start + warp * WARP_SPAN + i * 32 + lane
-                    at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
-                    keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
-                    ids[i] = buf_id[at]
-                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
-                                                start // TILE % 2, tid)
-                written = written + added
-                eq_before = eq_before + tied
-        else:
-            self.begin_pass(src, ring, span, refetch, tid)
-            for tile in range(tiles):
-                self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
-                                                tile % 2, tid)
-                written = written + added
-                eq_before = eq_before + tied
-        self.mark(marks, "output")
-        if rank == self.ranks - 1:
-            pad_from = out_total
-            if cutlass.const_expr(self.pinned):
-                if valid > 0:
-                    if tid == 0:
-                        out[row, out_total] = valid - 1
-                    pad_from = out_total + 1
-            for i in range(pad_from + tid, out.shape[1], THREADS):
-                out[row, i] = Int32(-1)
-        cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
+            # 3. The kept ids, in index order: from the copy when there is one, else from the row.
+            written = out_base
+            if kept <= CAP:
+                for start in range(0, kept, TILE):
+                    for i in cutlass.range_constexpr(PER):
+                        j = start + warp * WARP_SPAN + i * 32 + lane
+                        at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
+                        keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
+                        ids[i] = buf_id[at]
+                    added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                                                    start // TILE % 2, tid)
+                    written = written + added
+                    eq_before = eq_before + tied
+            else:
+                self.begin_pass(src, ring, span, refetch, tid)
+                for tile in range(tiles):
+                    self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
+                    added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                                                    tile % 2, tid)
+                    written = written + added
+                    eq_before = eq_before + tied
+            self.mark(marks, "output")
+            if rank == self.ranks - 1:
+                pad_from = out_total
+                if cutlass.const_expr(self.pinned):
+                    if valid > 0:
+                        if tid == 0:
+                            out[row, out_total] = valid - 1
+                        pad_from = out_total + 1
+                for i in range(pad_from + tid, out.shape[1], THREADS):
+                    out[row, i] = Int32(-1)
+            cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, "padding + last barrier")
             ended = cute.arch.globaltimer()
@@ -775,14 +787,14 @@ class RadixTopk:
 
 
 @triton.jit
-def _block_keys(logits, stride, ends, width, keys, keys_stride,
+def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
                 BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr):
     """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored)."""
     row = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
     n_blocks = tl.cdiv(n_cols, BLOCK)
-    if first < n_blocks:
+    if (first < n_blocks) & (n_blocks > keep_all):  # the engine keeps rows of <= keep_all blocks unread
         b = first + tl.arange(0, BLOCKS)
         lane = tl.arange(0, BLOCK_P2)[None, :]
         cols = b[:, None] * BLOCK + lane
@@ -795,8 +807,9 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride,
         tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < n_blocks)
 
 
-def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written.
+def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, keep_all: int = 0) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written, and
+    none of a row of <= ``keep_all`` valid blocks (the engine keeps those without reading a key).
 
     From the caching allocator: graph-capture safe (the graph's pool owns it). Not a caller-owned
     op argument: a mutable optional argument with a default breaks torch 2.11's custom_op
@@ -808,7 +821,7 @@ def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) ->
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
-            logits, logits.stride(0), row_ends, width, keys, keys.stride(0),
+            logits, logits.stride(0), row_ends, width, keys, keys.stride(0), keep_all,
             BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, num_warps=8,
         )
     return keys
@@ -875,7 +888,7 @@ def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
 
 def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    keys = block_keys(logits, row_ends, block_size)
+    keys = block_keys(logits, row_ends, block_size, keep_all=out.shape[1])
     _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
 
 
