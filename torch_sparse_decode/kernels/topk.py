@@ -212,7 +212,7 @@ class RadixTopk:
                  out: cute.Tensor, stream):
         self.kernel(src, lengths, cols, block, k_sel, out).launch(
             grid=[self.ranks, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ranks, 1, 1],
-            stream=stream,
+            stream=stream, use_pdl=self.pinned,
         )
 
     @cute.jit
@@ -578,6 +578,13 @@ class RadixTopk:
         return Uint32((Int64(d) << Int64(shift)) + inside)
 
     @cute.jit
+    def wait_for_keys(self):
+        """Block keys: the engine is launched as a programmatic dependent of the block-key pre-pass
+        (its launch and setup overlap the pre-pass), so it waits for the pre-pass here."""
+        if cutlass.const_expr(self.pinned):
+            cute.arch.griddepcontrol_wait()
+
+    @cute.jit
     def keep_all(self, out: cute.Tensor, row: Int32, valid: Int32, rank: Int32, tid: Int32):
         """A row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid id, so its
         output is 0 .. valid - 1 then -1 whatever the keys hold: nothing is read, the cluster's CTAs
@@ -631,7 +638,9 @@ class RadixTopk:
 
         if n <= k_sel:
             self.keep_all(out, row, valid, rank, tid)
+            self.wait_for_keys()  # never finish before the pre-pass (it reads the caller's tensors)
         else:
+            self.wait_for_keys()
             # 1. The k_sel-th largest key t of the row, one 11/11/10-bit digit at a time, histograms
             # summed over the cluster. `take`: how many keys equal to t the best k_sel hold.
             # `mine_above` / `mine_tied`: this CTA's keys > t / == t.
@@ -788,8 +797,11 @@ class RadixTopk:
 
 @triton.jit
 def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
-                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr):
-    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored)."""
+                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
+    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored).
+    EARLY: the engine (a programmatic dependent, waiting for this grid) may launch now."""
+    if EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
@@ -822,7 +834,7 @@ def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, ke
     if rows and num_blocks:
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), row_ends, width, keys, keys.stride(0), keep_all,
-            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, num_warps=8,
+            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
         )
     return keys
 
