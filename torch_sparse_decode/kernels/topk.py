@@ -23,8 +23,8 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
   order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
   instead (four passes, still exact). That ordered copy costs one CTA barrier per tile.
-- A row of <= k_sel keys keeps them all: the engine writes every valid id in order and the padding without
-  reading a key (and the block-key pre-pass skips such rows), so short rows cost a launch.
+- A row of <= k_sel keys keeps them all: the engine writes every valid id in order and the
+  padding without reading a key (and the block-key pre-pass skips such rows).
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
@@ -37,7 +37,8 @@ Why CuTe DSL for the select: it needs shared-memory atomics, warp votes, cluster
 distributed shared memory, none of which Triton exposes. Why Triton for block keys: a masked 2-D
 max over any block size is a few lines there, and it runs on the CPU interpreter in CI.
 Measured (H200, benchmarks/RESULTS.md): exact on every test, 3.7-17.5x faster than the torch
-baselines; the SPEC bar is met for block rows of <= k blocks (2.2-4.0 us), not yet elsewhere. docs/topk_engine.md says where the time goes and which attempts did not pay.
+baselines; the SPEC bar is met for block rows of <= k blocks (2.2-4.0 us), not yet elsewhere.
+docs/topk_engine.md says where the time goes and which attempts did not pay.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 
-from .cute_helpers import begin_marks, stamp, warp_inclusive, warps_before, zero_fill
+from .cute_helpers import begin_marks, block_exclusive, stamp, warps_before, zero_fill
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -165,19 +166,6 @@ def cluster_sync(ranks: cutlass.Constexpr[int]):
         cute.arch.cluster_wait()
     else:
         cute.arch.sync_threads()
-
-
-@cute.jit
-def exclusive_scan(value: Int32, warp_sums: cute.Tensor, tid: Int32):
-    """(sum of ``value`` over lower threads, sum over the CTA); a barrier on both sides."""
-    lane, warp = tid % 32, tid // 32
-    inclusive = warp_inclusive(value, lane)
-    if lane == 31:
-        warp_sums[warp] = inclusive
-    cute.arch.sync_threads()
-    before, total = warps_before(warp_sums, warp, WARPS)
-    cute.arch.sync_threads()
-    return before + inclusive - value, total
 
 
 @cute.jit
@@ -384,7 +372,8 @@ class RadixTopk:
         # exclusive scan counts the bins above.
         from_top = THREADS - 1 - tid
         mirrored = self.cluster_sum(coarse, slot + from_top, ranks)
-        above, _ = exclusive_scan(mirrored, warp_sums, tid)
+        above, _ = block_exclusive(mirrored, warp_sums, tid, WARPS)
+        cute.arch.sync_threads()  # warp_sums is reused next
         if (above < need) & (above + mirrored >= need):
             result[0] = from_top
             result[1] = above
@@ -473,7 +462,8 @@ class RadixTopk:
         for q in range(each):
             if tid * each + q < parts:
                 mine = mine + (segments[tid * each + q] & 0xFFFF)
-        run, _ = exclusive_scan(mine, warp_sums, tid)
+        run, _ = block_exclusive(mine, warp_sums, tid, WARPS)
+        cute.arch.sync_threads()  # warp_sums is reused next
         for q in range(each):
             if tid * each + q < parts:
                 part = segments[tid * each + q]
@@ -543,7 +533,8 @@ class RadixTopk:
             need = need - above
             above_part = above_part + own
             t = t | (Uint32(digit) << Uint32(digit_shift(p)))
-        _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+        _, mine_above = block_exclusive(above_part, warp_sums, tid, WARPS)
+        cute.arch.sync_threads()  # warp_sums is reused next
         return t, need, mine_above
 
     @cute.jit
@@ -700,7 +691,8 @@ class RadixTopk:
                 digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums,
                                                            tid)
                 t = Uint32(digit) << Uint32(DIGITS[0][0])
-                _, mine_above = exclusive_scan(above_part, warp_sums, tid)
+                _, mine_above = block_exclusive(above_part, warp_sums, tid, WARPS)
+                cute.arch.sync_threads()  # warp_sums is reused next
                 kept = mine_above + hist[digit]
                 self.mark(marks, "digit 0")
                 if kept <= CAP:
