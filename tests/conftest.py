@@ -2,6 +2,11 @@ import pytest
 import torch
 
 
+def pytest_addoption(parser):
+    parser.addoption("--fuzz-cases", type=int, default=300, help="cases of the GPU fuzzer (test_fuzz_gpu.py)")
+    parser.addoption("--fuzz-seed", type=int, default=0, help="seed of the GPU fuzzer's cases")
+
+
 def pytest_collection_modifyitems(config, items):
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     for item in items:

@@ -77,7 +77,9 @@ def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=Fal
         chosen = ranked(key)[:topk]
         w = torch.where(bad, 0.0, row)[chosen].double()
         cond = 1.0
-        if renormalize:
+        if renormalize and bool((w == math.inf).any()):
+            w = (w == math.inf).double() / int((w == math.inf).sum())  # +inf scores share the weight
+        elif renormalize:
             total = w.sum()
             w = w / (total if total > 0 else 1.0)
             if total > 0 and torch.isfinite(total):

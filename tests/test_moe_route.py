@@ -116,3 +116,30 @@ def test_sigmoid_is_torch_cuda_sigmoid_bit_for_bit():
     x[0, :100] = torch.linspace(-90, 90, 100)
     weights, ids = tsd.moe_route(x, torch.zeros(896, device="cuda"), 16, renormalize=False, apply_sigmoid=True)
     assert torch.equal(weights, torch.sigmoid(x).gather(1, ids.long()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_renormalize_never_overflows_and_inf_shares(device):
+    """A finite sum that overflows fp32 ([3e38, 3e38] is 6e38) still divides; +inf scores share the
+    weight evenly (inf / inf would be NaN) and the others get 0; -inf or a sum <= 0 divides by 1."""
+    inf = float("inf")
+    s = torch.zeros(6, 64)
+    s[0, :2] = 3e38
+    s[1, :16] = 3.4e38
+    s[2, [5, 9]] = inf
+    s[2, 3] = 1.0
+    s[3, :4] = torch.tensor([3e38, 3e38, -3e38, 1.0])
+    s[4, 7] = inf
+    s[:5, 40:] = -1.0  # never among the best
+    s[5] = -inf
+    s[5, :2] = torch.tensor([0.5, 0.25])  # and two -inf selected: the sum is -inf, divides by 1
+    weights, ids = route(s, torch.zeros(64), 4, device, scale=2.0)
+    assert torch.equal(weights[0], torch.tensor([1.0, 1.0, 0.0, 0.0]))  # 0.5 each, times 2
+    assert torch.equal(weights[1], torch.full((4,), 0.5))  # four of the sixteen selected: 1/4 each
+    assert ids[2, :2].tolist() == [5, 9] and torch.equal(weights[2], torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    assert ids[3].tolist() == [0, 1, 3, 4]  # -3e38 is not among the best 4
+    assert torch.allclose(weights[4], torch.tensor([2.0, 0.0, 0.0, 0.0]))
+    assert torch.equal(weights[5], torch.tensor([1.0, 0.5, -inf, -inf]))
+    assert not torch.isnan(weights).any()
+    check(s, torch.zeros(64), 4, device, scale=2.0)
+    check(s, torch.zeros(64), 3, device)

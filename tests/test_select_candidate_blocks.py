@@ -76,3 +76,12 @@ def test_largest_rows(device, block_size):
 def test_tiny_width(device, width):
     x = scores("random", (2, width), seed=width)
     check(x, torch.tensor([width, 7], dtype=torch.int32), 4, 3, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_k1_is_the_newest_block_alone(device, block_size):
+    ends = torch.tensor([0, 1, block_size, block_size + 1, 5000, 20000, -1], dtype=torch.int32)
+    x = scores("random", (ends.numel(), 20000), seed=block_size)
+    got = check(x, ends, block_size, 1, device)
+    assert got[:, 0].tolist() == [-1, 0, 0, 1, -(-5000 // block_size) - 1, -(-20000 // block_size) - 1, -1]

@@ -169,3 +169,46 @@ def test_many_rows_small_clusters():
     x = scores("few_distinct", (300, width), seed=11)
     lengths = torch.randint(0, width + 1, (300,), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x, lengths, 2048))
+
+
+def vllm_batch(kind: str, k: int, width: int, m: int, rows: int = 65):
+    """vLLM's test_persistent_topk_sampled_graph rows: lengths cycling through the boundaries, NaN
+    past each row's end; rows descending, or zeros with 4096 sampled peaks, flipped."""
+    bnd = [-1, 0, 1, k - 1, k, 32769, m - 1, m, width, width + 17]
+    lengths = torch.tensor([bnd[(r + 1) % 10] for r in range(rows)], dtype=torch.int32)
+    if kind == "descending":
+        row = torch.arange(width, dtype=torch.float32).flip(0)
+    else:
+        row = torch.zeros(width)
+        s = torch.arange(4096)
+        row[(s // 32) * (width // 128) + s % 32] = 1 + s.float() / 4096
+        row = row.flip(0)
+    x = row.repeat(rows, 1)
+    x[torch.arange(width)[None, :] >= lengths[:, None].clamp(min=0)] = float("nan")
+    return x, lengths
+
+
+@pytest.mark.parametrize("kind", ["descending", "peaks"])
+@pytest.mark.parametrize("k,width,m", [(512, 98304 + 3, 98304), (1024, 65536 + 3, 65536), (2048, 65536 + 3, 65536)])
+def test_batch_whose_first_cta_gate_is_highest(kind, k, width, m):
+    """Regression (48418ae: 7 and 24 of 65 rows wrong): 65 rows make 2-CTA clusters whose spans take
+    the one-read path; CTA 0's gate is the highest, and the check `every gate <= t` took the
+    last CTA's gate for the highest (CuTe DSL's max() of a constant Uint32 compares signed)."""
+    x, lengths = vllm_batch(kind, k, width, m)
+    assert cluster_size(65, width) == 2 and width // 2 > topk.ONE_READ_FROM
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_blocks_k1_keeps_only_the_newest(block_size):
+    """Regression (48418ae: block 0 on every row, and out-of-bounds writes under memcheck): k = 1
+    leaves no block to select (k_sel = 0) besides the pinned newest one."""
+    gen = torch.Generator().manual_seed(block_size)
+    ends = torch.randint(1, 20001, (64,), generator=gen, dtype=torch.int32)
+    ends[:3] = torch.tensor([0, 1, block_size + 1])
+    width = int(ends.max())
+    x = torch.randn(64, width, generator=gen)
+    x[torch.arange(width)[None, :] >= ends[:, None]] = float("-inf")
+    got = run_blocks(x, ends, block_size, 1)
+    assert torch.equal(got, oracle.candidate_blocks(x, ends, block_size, 1))
+    assert torch.equal(got[:, 0], torch.where(ends > 0, (ends + block_size - 1) // block_size - 1, -1).int())

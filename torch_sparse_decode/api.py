@@ -30,7 +30,8 @@ def moe_route(
         bias: fp32 [E] selection bias (the correction bias); it ranks experts but is not part of
             the weights.
         topk: experts per token, 1 <= topk <= min(16, E).
-        renormalize: divide the selected weights by their sum (a sum that is not > 0 divides by 1).
+        renormalize: divide the selected weights by their sum (a sum that is not > 0 divides by 1;
+            no finite scores overflow it; +inf scores share the weight evenly, the others get 0).
         scale: multiply the final weights by this (the routed scaling factor).
         apply_sigmoid: ``scores`` are logits; the op applies the sigmoid first.
         out: optional (weights fp32 [T, topk], ids int32 [T, topk]) to write into.

@@ -40,10 +40,23 @@ def moe_route(
     _, chosen = topk_by_key(keys, topk)
     picked = score.gather(1, chosen)
     if renormalize:
-        total = picked.sum(dim=1, keepdim=True)
-        picked = picked / torch.where(total > 0, total, 1.0)
+        picked = renormalized(picked)
     weights.copy_(picked * scale)
     ids.copy_(chosen)
+
+
+def renormalized(picked: torch.Tensor) -> torch.Tensor:
+    """Each row of selected weights divided by its sum: a sum that is not > 0 divides by 1.
+
+    The sum is taken in float64, so no finite fp32 scores overflow it (32 of them at fp32's
+    largest sum to 1.1e40). Where a row holds +inf scores, those share the weight evenly and the
+    others get 0 (inf / inf would be NaN)."""
+    infinite = picked == float("inf")
+    count = infinite.sum(dim=1, keepdim=True)
+    total = picked.double().sum(dim=1, keepdim=True)
+    finite = (picked.double() / torch.where(total > 0, total, 1.0)).float()
+    shared = torch.where(infinite, 1.0 / count.clamp(min=1).float(), 0.0)
+    return torch.where(count > 0, shared, finite)
 
 
 # ------------------------------------------------------------------------------ top-k engine

@@ -59,6 +59,36 @@ def ordered_key(key: Float32, expert: Int32) -> Int64:
     return (Int64(flipped) << 32) | (Int64(0xFFFFFFFF) - Int64(expert))
 
 
+@cute.jit
+def warp_sum(value):
+    """``value`` summed over the warp (butterfly: every lane gets the sum)."""
+    for s in cutlass.range_constexpr(5):
+        value = value + cute.arch.shuffle_sync_bfly(value, offset=1 << s)
+    return value
+
+
+@cute.jit
+def renormalized(weight: Float32) -> Float32:
+    """A lane's selected weight divided by the warp's sum (lanes past topk hold 0); a sum that is
+    not > 0 divides by 1. +inf weights share the weight evenly, the others get 0. A sum of finite
+    weights that overflows (inf or NaN) is taken again on the weights scaled by 2**-8, which is
+    exact for weights that large, so no finite input overflows it. Every branch is warp-uniform."""
+    infinite = warp_sum(Int32(weight == Float32.inf))
+    total = warp_sum(weight)
+    result = weight
+    if infinite > 0:
+        result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
+    else:
+        if (total - total) != Float32(0.0):  # inf or NaN: overflowed, or a -inf weight
+            scaled = weight * Float32(1.0 / 256)
+            total = warp_sum(scaled)
+            if total > Float32(0.0):
+                result = scaled / total
+        elif total > Float32(0.0):
+            result = weight / total
+    return result
+
+
 class MoeRoute:
     """Routing for one static configuration (E, topk, renormalize, apply_sigmoid)."""
 
@@ -177,11 +207,7 @@ class MoeRoute:
             if lane < self.topk:
                 weight = picked[lane]
             if cutlass.const_expr(self.renormalize):
-                total_weight = weight
-                for s in cutlass.range_constexpr(5):
-                    total_weight = total_weight + cute.arch.shuffle_sync_bfly(total_weight, offset=1 << s)
-                if total_weight > Float32(0.0):
-                    weight = weight / total_weight
+                weight = renormalized(weight)
             if lane < self.topk:
                 weights[token, lane] = weight * scale
 

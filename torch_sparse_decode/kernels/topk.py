@@ -348,8 +348,9 @@ class RadixTopk:
         slot, added = warp_offset(counts, kept_n, kept_at, written, tid)
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
-            if flags[i]:
-                out[row, slot + Int32(cute.arch.popc(ballot & lower))] = ids[i]
+            at = slot + Int32(cute.arch.popc(ballot & lower))
+            if flags[i] & (at < out.shape[1]):  # exact counts never reach it; memory-safe if not
+                out[row, at] = ids[i]
             slot = slot + Int32(cute.arch.popc(ballot))
         return added, tile_tied
 
@@ -575,12 +576,13 @@ class RadixTopk:
             cute.arch.griddepcontrol_wait()
 
     @cute.jit
-    def keep_all(self, out: cute.Tensor, row: Int32, valid: Int32, rank: Int32, tid: Int32):
-        """A row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid id, so its
-        output is 0 .. valid - 1 then -1 whatever the keys hold: nothing is read, the cluster's CTAs
-        write interleaved stretches."""
+    def keep_all(self, out: cute.Tensor, row: Int32, first: Int32, count: Int32, rank: Int32, tid: Int32):
+        """A row with nothing to select writes ids ``first .. first + count - 1`` then -1, whatever
+        the keys hold: a row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid
+        id (first 0, count valid); with k_sel = 0 a pinned row keeps its newest block alone.
+        Nothing is read; the cluster's CTAs write interleaved stretches."""
         for i in range(rank * THREADS + tid, out.shape[1], self.ranks * THREADS):
-            out[row, i] = cutlass.select_(i < valid, i, Int32(-1))
+            out[row, i] = cutlass.select_(i < count, first + i, Int32(-1))
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
@@ -626,8 +628,12 @@ class RadixTopk:
         span = (row_off, base, lo, hi, tiles)
         refetch = Boolean(True)  # False once the first pass has left the whole span in the ring
 
-        if n <= k_sel:
-            self.keep_all(out, row, valid, rank, tid)
+        if (n <= k_sel) | (k_sel == 0):
+            # Nothing to select: every valid id, or (k_sel = 0, blocks' k = 1) the pinned one alone.
+            first, count = Int32(0), valid
+            if k_sel == 0:
+                first, count = valid - 1, Int32(1 if self.pinned else 0)
+            self.keep_all(out, row, first, count, rank, tid)
             self.wait_for_keys()  # never finish before the pre-pass (it reads the caller's tensors)
         else:
             self.wait_for_keys()
@@ -666,11 +672,12 @@ class RadixTopk:
                     gates[r] = Uint32(load_rank(shared, Int32(3), r))
                 total = Int32(0)
                 fits = Int32(1)
-                highest = Uint32(0)
+                highest = gates[0]
                 for r in cutlass.range_constexpr(self.ranks):
                     total = total + copied[r]
                     fits = fits & Int32(copied[r] <= CAP)
-                    highest = max(highest, gates[r])
+                    # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
+                    highest = cutlass.select_(gates[r] > highest, gates[r], highest)
                 self.mark(marks, "exchange")
                 if (total >= k_sel) & (fits == 1):
                     t, take, mine_above = self.digits_from_copy(0, hist, buf_key, kept, Uint32(0), k_sel, Int32(0),
@@ -766,7 +773,7 @@ class RadixTopk:
                 pad_from = out_total
                 if cutlass.const_expr(self.pinned):
                     if valid > 0:
-                        if tid == 0:
+                        if (tid == 0) & (out_total < out.shape[1]):
                             out[row, out_total] = valid - 1
                         pad_from = out_total + 1
                 for i in range(pad_from + tid, out.shape[1], THREADS):
@@ -891,7 +898,8 @@ def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
 
 def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    keys = block_keys(logits, row_ends, block_size, keep_all=out.shape[1])
+    # The engine reads no key of a row of <= k blocks, nor of any row when k = 1 (the pinned one alone).
+    keys = block_keys(logits, row_ends, block_size, keep_all=out.shape[1] if out.shape[1] > 1 else 1 << ID_BITS)
     _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
 
 

@@ -1,0 +1,399 @@
+"""Seeded GPU differential fuzzer: random mixed batches through every CUDA kernel, each case
+compared bit for bit with the reference run on the same device.
+
+    python -m pytest -m gpu tests/test_fuzz_gpu.py --fuzz-cases 5000 --fuzz-seed 1
+    python tests/fuzz.py --seed 1 --cases 5000      # the same, as a script
+    python tests/fuzz.py --seed 1 --case 17         # one case again: what a failure line prints
+
+A case is one call of one op on a whole batch, because the engine's plan (cluster size, one-read
+gate, rows kept unread, k_sel = 0) depends on the batch: rows of every length kind side by side
+(the boundaries of k, of the cluster's spans and tiles, of the width; uniform; short), values
+mixed from several families per batch (ties, few values, monotone rows, narrow rows, sparse
+peaks, NaN / +-inf / +-0.0), tails past each row's end that would win if they were read, strided
+and unaligned views, k from 1 to 4096, block sizes from 1 to 256. Ops: ``indexer_topk`` (fp32,
+bf16), ``select_candidate_blocks``, the DCP pack (the engine's ord16 select + the B' writer), the
+one-round DCP merge of simulated ranks (against the generic merge), the generic local keys, and
+``moe_route``. Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator
+seeded from it, so a (seed, index) pair is its own reproducer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import torch_sparse_decode as tsd
+from torch_sparse_decode import dcp, reference
+
+OPS = ("indexer_fp32", "indexer_bf16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
+WEIGHTS = (26, 14, 28, 9, 7, 4, 12)  # how often each op is drawn
+FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
+            "relu", "bf16_plateau")
+ELEMENTS = int(__import__("os").environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
+ALWAYS_BLOCKS = (1, 8, 16, 64, 256)
+ALWAYS_MOE = ((896, 16), (256, 8), (384, 8), (1024, 16), (17, 16), (1, 1))
+ALWAYS_DCP = ((2, 2048), (2, 512), (4, 2048), (8, 1024), (16, 4096), (3, 100))
+DEVICE = "cuda"  # the script's --device cpu dry-runs the generators (reference against itself)
+
+
+@dataclass
+class Case:
+    seed: int
+    index: int
+    op: str = ""
+    params: dict = field(default_factory=dict)
+
+    def line(self) -> str:
+        """The reproducer: what the case was and how to run it alone."""
+        shown = " ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"seed={self.seed} case={self.index} op={self.op} {shown} (rerun: python tests/fuzz.py " \
+               f"--seed {self.seed} --case {self.index})"
+
+
+# ------------------------------------------------------------------------------ drawing
+
+
+def palettes(seed: int):
+    """Per-run choices that each cost a compile (block sizes, routing and DCP shapes): a few fixed
+    ones and a few drawn from the seed, so runs with other seeds cover other values."""
+    rng = random.Random(f"palette:{seed}")
+    blocks = sorted(set(ALWAYS_BLOCKS) | {rng.randint(2, 255) for _ in range(6)})
+    moe = list(ALWAYS_MOE)
+    for _ in range(3):
+        experts = rng.randint(1, 1024)
+        moe.append((experts, rng.randint(1, min(16, experts))))
+    shapes = list(ALWAYS_DCP)
+    while len(shapes) < len(ALWAYS_DCP) + 2:
+        world, topk = rng.randint(2, 16), rng.randint(1, 4096)
+        if dcp.dcp_merge_local_topk(topk, world):
+            shapes.append((world, topk))
+    return blocks, moe, shapes
+
+
+def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return min(hi, int(math.exp(rng.uniform(math.log(lo), math.log(hi + 1)))))
+
+
+def draw_k(rng: random.Random) -> int:
+    r = rng.random()
+    for bound, k in ((0.2, 2048), (0.3, 512), (0.4, 1024), (0.47, 4096), (0.55, 1)):
+        if r < bound:
+            return k
+    return log_uniform(rng, 1, 4096)
+
+
+def draw_width(rng: random.Random, cap: int) -> int:
+    r = rng.random()
+    if r < 0.4:
+        return log_uniform(rng, 1, min(cap, 20000))
+    if r < 0.75:
+        return rng.randint(min(cap, 20000), min(cap, 200000))
+    return rng.randint(min(cap, 200000), cap)
+
+
+def key_edges(rows: int, keys: int, k: int) -> list[int]:
+    """Lengths (in keys) at the engine's boundaries for a batch of ``rows`` rows of ``keys`` keys:
+    k's, the width's, and every span / tile / one-read / resident-ring edge of its cluster size."""
+    ranks = tsd_engine().cluster_size(rows, keys, sms())
+    e = tsd_engine()
+    edges = [-1, 0, 1, k - 1, k, k + 1, k + 2, keys - 1, keys, keys + 17]
+    for m in sorted({1, ranks}):
+        for v in (e.TILE, e.ONE_READ_FROM, e.ONE_READ_FROM + e.TILE, e.STAGES * e.TILE, e.CAP, e.SPAN_PER_CTA, k):
+            edges += [m * v - 1, m * v, m * v + 1]
+    return edges
+
+
+def draw_lengths(rng: random.Random, rows: int, keys: int, k: int, unit: int = 1) -> list[int]:
+    """Per-row lengths in columns; ``unit`` columns per key (a block size): a key count u becomes a
+    length that gives exactly u valid blocks."""
+    edges = key_edges(rows, keys, k)
+    mode = rng.random()
+    lengths = []
+    for _ in range(rows):
+        r = rng.random()
+        if mode < 0.15:  # one long row among short ones: the batch's width sets a large cluster
+            u = keys if r < 0.1 else rng.randint(0, min(keys, 4 * k + 64))
+        elif r < 0.5:
+            u = rng.choice(edges)
+        elif r < 0.85:
+            u = rng.randint(0, keys)
+        else:
+            u = rng.randint(0, min(keys, 3 * k + 3))
+        length = u * unit - (rng.randint(0, unit - 1) if u > 0 else 0)
+        lengths.append(max(-1, min(length, keys * unit + 17)))
+    return lengths
+
+
+def values(rng: random.Random, gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    """fp32 [rows, width] on the GPU, each row from one of 1-3 families drawn for the batch."""
+    chosen = rng.sample(FAMILIES, rng.randint(1, 3))
+    row_family = torch.tensor([rng.randrange(len(chosen)) for _ in range(rows)], device=DEVICE)
+    out = torch.empty(rows, width, device=DEVICE)
+    for f, name in enumerate(chosen):
+        mask = (row_family == f)[:, None]
+        out = torch.where(mask, family(name, gen, rows, width), out)
+    return out
+
+
+def family(name: str, gen: torch.Generator, rows: int, width: int) -> torch.Tensor:
+    shape = (rows, width)
+    x = torch.randn(shape, device=DEVICE, generator=gen)
+    col = torch.arange(width, device=DEVICE, dtype=torch.float32).expand(shape)
+    u = torch.rand(shape, device=DEVICE, generator=gen)
+    if name == "equal":
+        return torch.full(shape, 0.5, device=DEVICE)
+    if name == "few":
+        return torch.floor(u * 4) - 1.0
+    if name == "ascending":
+        return col.clone()
+    if name == "descending":
+        return width - col
+    if name == "narrow":
+        return 1 + 1e-6 * x
+    if name == "peaks":
+        return torch.where(u < 4096 / max(width, 1), 1 + u, torch.zeros_like(x))
+    if name == "signed_zero":
+        return torch.where(u < 0.45, -0.0, torch.where(u < 0.9, 0.0, x))
+    if name == "inf":
+        return torch.where(u < 0.1, math.inf, torch.where(u < 0.3, -math.inf, x))
+    if name == "nan":
+        return torch.where(u < 0.3, math.nan, x)
+    if name == "relu":
+        return torch.relu(x - 1)
+    if name == "bf16_plateau":
+        return (x * 0.01).to(torch.bfloat16).float()
+    return x
+
+
+def with_tails(rng: random.Random, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Past each row's end: NaN, -inf, or values that would win if read (+inf, huge)."""
+    tail = rng.choice([None, math.nan, -math.inf, math.inf, 3e38])
+    if tail is None:
+        return x
+    col = torch.arange(x.shape[1], device=x.device)
+    return torch.where(col[None, :] >= lengths.to(torch.int64)[:, None], tail, x)
+
+
+def as_view(rng: random.Random, x: torch.Tensor) -> torch.Tensor:
+    """The same values, often in a row-strided or unaligned view (unit stride inside a row)."""
+    rows, width = x.shape
+    r = rng.random()
+    if r < 0.2:
+        off, extra = rng.randint(0, 3), rng.randint(1, 17)
+        big = torch.full((rows, width + off + extra), math.nan, device=x.device, dtype=x.dtype)
+        big[:, off:off + width] = x
+        return big[:, off:off + width]
+    if r < 0.3:
+        big = torch.full((2 * rows, width), math.nan, device=x.device, dtype=x.dtype)
+        big[::2] = x
+        return big[::2]
+    return x
+
+
+# ------------------------------------------------------------------------------ running
+
+
+def tsd_engine():
+    from torch_sparse_decode.kernels import topk
+
+    return topk
+
+
+def sms() -> int:
+    if DEVICE != "cuda":
+        return 132  # an H200's
+    return tsd_engine().sm_count(torch.device("cuda", torch.cuda.current_device()))
+
+
+def generator(rng: random.Random) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(rng.getrandbits(62))
+
+
+def poisoned(shape, dtype) -> torch.Tensor:
+    return torch.full(shape, -7, dtype=dtype, device=DEVICE)
+
+
+def first_difference(got: torch.Tensor, want: torch.Tensor) -> str:
+    if got.shape != want.shape:
+        return f"shape {tuple(got.shape)} != {tuple(want.shape)}"
+    rows = (got != want).reshape(got.shape[0], -1).any(dim=1).nonzero().flatten().tolist()
+    if not rows:
+        return ""
+    r = rows[0]
+    cols = (got[r] != want[r]).nonzero().flatten()[:4].tolist()
+    return (f"{len(rows)} rows differ, first row {r}: at {cols} got {got[r].flatten()[cols].tolist()} "
+            f"want {want[r].flatten()[cols].tolist()}")
+
+
+def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
+    op = case.op
+    block = rng.choice(blocks) if op == "blocks" else 1
+    k = draw_k(rng)
+    width = draw_width(rng, 1 << 20)
+    keys = -(-width // block)
+    rows = max(1, min(log_uniform(rng, 1, 300), ELEMENTS // width))
+    lengths = torch.tensor(draw_lengths(rng, rows, keys, k, block), dtype=torch.int32, device=DEVICE)
+    lengths = lengths.clamp(max=width + 17)
+    gen = generator(rng)
+    x = with_tails(rng, values(rng, gen, rows, width), lengths)
+    if op == "indexer_bf16":
+        x = x.to(torch.bfloat16)
+    x = as_view(rng, x)
+    case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
+                       ranks=tsd_engine().cluster_size(rows, keys, sms()))
+    got, want = poisoned((rows, k), torch.int32), poisoned((rows, k), torch.int32)
+    if op == "blocks":
+        tsd.select_candidate_blocks(x, lengths, block, k, out=got)
+        reference.select_candidate_blocks(x, lengths, block, want)
+    else:
+        tsd.indexer_topk(x, lengths, k, out=got)
+        reference.indexer_topk(x, lengths, k, want)
+    return first_difference(got, want)
+
+
+def canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
+    """B' rows with their live slots in ascending local id (the layout allows any slot order)."""
+    ord16, local, live = reference.decode_b_prime(rows, slots)
+    order = torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices
+    flat = [t.gather(-1, order) for t in (ord16, local, live)]
+    return reference._encode_b_prime(*flat, slots)
+
+
+def dcp_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> str:
+    world, topk = rng.choice(shapes)
+    simulated = case.op == "dcp_merge"
+    length = draw_width(rng, 1 << 17)
+    rows = max(1, min(log_uniform(rng, 1, 64 if simulated else 300), ELEMENTS // (length * (world if simulated else 1))))
+    dtype = rng.choice([torch.float32, torch.bfloat16])
+    gen = generator(rng)
+    ranks = world if simulated else 1
+    lengths = torch.tensor([draw_lengths(rng, rows, length, topk) for _ in range(ranks)], dtype=torch.int32,
+                           device=DEVICE).clamp(max=length + 17)
+    x = torch.stack([with_tails(rng, values(rng, gen, rows, length), lengths[r]) for r in range(ranks)]).to(dtype)
+    if not simulated:
+        x = as_view(rng, x[0])[None]
+    rank = rng.randrange(world)
+    case.params.update(world=world, topk=topk, rows=rows, length=length, dtype=str(dtype)[6:], rank=rank)
+    if case.op == "dcp_pack":
+        n = dcp.dcp_merge_local_topk(topk, world)
+        packed, rescue = dcp.pack_candidates(x[0], lengths[0], world, rank, topk)
+        want_p, want_r = torch.empty_like(packed), torch.empty_like(rescue)
+        reference.dcp_pack(x[0], lengths[0], world, rank, topk, want_p, want_r)
+        return (first_difference(canonical_rows(packed, n), canonical_rows(want_p, n))
+                or first_difference(canonical_rows(rescue, dcp.rescue_row_slots(topk)),
+                                    canonical_rows(want_r, dcp.rescue_row_slots(topk))))
+    if case.op == "dcp_local_keys":
+        got = dcp.local_topk_keys(x[0], lengths[0], world, rank, topk)
+        want = torch.empty_like(got, device="cpu")
+        reference.dcp_local_keys(x[0].cpu(), lengths[0].cpu(), world, rank, topk, want)
+        return first_difference(got.cpu(), want)
+    got_g, got_l, got_c = dcp.simulate_dcp_topk(x, lengths, topk, return_local=True)
+    keys = torch.empty(world, rows, topk, dtype=torch.int64, device=DEVICE)
+    for r in range(world):
+        reference.dcp_local_keys(x[r], lengths[r], world, r, topk, keys[r])
+    for r in range(world):
+        want = [torch.empty(rows, topk, dtype=torch.int32, device=DEVICE) for _ in range(2)]
+        want.append(torch.empty(rows, dtype=torch.int32, device=DEVICE))
+        reference.dcp_merge_generic(keys, r, *want)
+        for got, w in ((got_g, want[0]), (got_l[r], want[1]), (got_c[r], want[2])):
+            diff = first_difference(got, w)
+            if diff:
+                return f"rank {r}: {diff}"
+    return ""
+
+
+def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> str:
+    experts, topk = rng.choice(shapes)
+    tokens = log_uniform(rng, 1, 8192)
+    renormalize, apply_sigmoid = rng.random() < 0.7, rng.random() < 0.3
+    scale = rng.choice([1.0, 2.5, 0.125, rng.uniform(0.1, 4)])
+    gen = generator(rng)
+    s = values(rng, gen, tokens, experts)
+    if not apply_sigmoid and rng.random() < 0.6:
+        s = torch.sigmoid(s)
+    bias = rng.choice([torch.zeros(experts, device=DEVICE), 0.05 * torch.randn(experts, device=DEVICE, generator=gen),
+                       family(rng.choice(FAMILIES), gen, 1, experts)[0]])
+    case.params.update(tokens=tokens, experts=experts, topk=topk, renormalize=renormalize, sigmoid=apply_sigmoid)
+    got_w, got_i = poisoned((tokens, topk), torch.float32), poisoned((tokens, topk), torch.int32)
+    tsd.moe_route(s, bias, topk, renormalize=renormalize, scale=scale, apply_sigmoid=apply_sigmoid,
+                  out=(got_w, got_i))
+    want_w, want_i = torch.empty_like(got_w), torch.empty_like(got_i)
+    reference.moe_route(s, bias, topk, renormalize, scale, apply_sigmoid, want_w, want_i)
+    diff = first_difference(got_i, want_i)
+    if diff:
+        return "ids: " + diff
+    # Weights: the kernel sums in fp32, the reference in fp64, so within the rounding of the sum.
+    g, w = got_w.double(), want_w.double()
+    same_special = torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(g[w.isinf()], w[w.isinf()])
+    picked = torch.where(torch.isnan(s) | torch.isnan(s + bias), 0.0, torch.sigmoid(s) if apply_sigmoid else s)
+    picked = picked.gather(1, want_i.long()).double()
+    condition = torch.ones(tokens, 1, device=DEVICE, dtype=torch.float64)
+    if renormalize:
+        total = picked.sum(1, keepdim=True)
+        condition = torch.where(total > 0, picked.abs().sum(1, keepdim=True) / total, 1.0).nan_to_num(1.0)
+    bound = (topk + 3) * torch.finfo(torch.float32).eps * condition * w.abs() + 1e-37
+    finite = w.isfinite()
+    if not same_special or not bool(((g - w).abs() <= bound)[finite].all()):
+        return "weights: " + (first_difference(got_w, want_w) or "inf/NaN pattern differs")
+    return ""
+
+
+def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
+    """(the case, '' when it matched the reference else what differed)."""
+    blocks, moe, shapes = palette or palettes(seed)
+    rng = random.Random(f"{seed}:{index}")
+    case = Case(seed, index, rng.choices(OPS, WEIGHTS)[0])
+    if case.op.startswith("indexer") or case.op == "blocks":
+        diff = topk_case(case, rng, blocks)
+    elif case.op.startswith("dcp"):
+        diff = dcp_case(case, rng, shapes)
+    else:
+        diff = moe_case(case, rng, moe)
+    return case, diff
+
+
+def run(seed: int, cases: int, first: int = 0, log=print) -> list[str]:
+    """Run cases ``first .. first + cases - 1``; returns one reproducer line per failure."""
+    palette = palettes(seed)
+    failures, counts = [], {}
+    started = time.time()
+    for index in range(first, first + cases):
+        try:
+            case, diff = run_case(seed, index, palette)
+        except Exception as err:  # an exception is a failure of its case too, with its reproducer
+            case, diff = Case(seed, index, "?"), f"raised {type(err).__name__}: {err}"
+        counts[case.op] = counts.get(case.op, 0) + 1
+        if diff:
+            failures.append(f"FUZZ FAIL {case.line()}: {diff}")
+            log(failures[-1])
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    log(f"fuzz seed={seed}: {cases} cases ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) in "
+        f"{time.time() - started:.1f} s, {len(failures)} failed")
+    return failures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cases", type=int, default=1000)
+    p.add_argument("--case", type=int, default=None, help="run this one case (a failure's reproducer)")
+    p.add_argument("--device", default="cuda", help="cpu: dry-run the case generators")
+    args = p.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
+    if args.case is not None:
+        case, diff = run_case(args.seed, args.case)
+        print(case.line(), "->", diff or "matches the reference")
+        return 1 if diff else 0
+    return 1 if run(args.seed, args.cases) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

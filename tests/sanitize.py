@@ -1,0 +1,141 @@
+"""Every CUDA kernel under compute-sanitizer: memcheck, racecheck and initcheck over a case matrix.
+
+    python tests/sanitize.py                    # all three tools; exit 1 on any error
+    python tests/sanitize.py --tools memcheck   # one tool
+    python tests/sanitize.py --matrix           # the matrix alone, no sanitizer (what each tool runs)
+
+The matrix runs each kernel in the configurations that take its different paths: the top-k
+engine at every cluster size (1, 2, 4, 8 CTAs per row), fp32 / bf16 / block keys / ord16 keys,
+the one-read path and its fallback, rows kept unread, k = 1 and 4096, unaligned and strided
+views, and select_candidate_blocks with k = 1 (k_sel = 0); the Triton block-key pre-pass at
+block sizes 1..256; the DCP pack (Triton) and the CuTe merge of simulated ranks (W = 2, 4, 16);
+moe_route in each flag combination; then a run of fuzzer cases (mixed batches). Every case is
+also checked against the reference, so a tool's slowdown cannot hide a wrong answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOOLS = {  # tool -> extra flags
+    "memcheck": ["--leak-check", "no"],
+    "racecheck": ["--racecheck-report", "hazard"],
+    "initcheck": [],
+}
+
+
+def matrix(small: bool, fuzz_cases: int) -> int:
+    """Run the case matrix on the GPU; returns how many cases differed from the reference."""
+    sys.path.insert(0, HERE)
+    import fuzz
+    import oracle
+
+    import torch_sparse_decode as tsd
+    from torch_sparse_decode import dcp
+
+    bad = 0
+
+    def expect(name, got, want):
+        nonlocal bad
+        same = torch.equal(got.cpu(), want.cpu())
+        bad += not same
+        print(f"  {name}: {'ok' if same else 'DIFFERS'}", flush=True)
+
+    gen = torch.Generator().manual_seed(0)
+    widths = [3000, 12000, 40000, 300001] if small else [6000, 12000, 98307, 1 << 19]
+    for width in widths:  # cluster sizes 1, 2, 4, 8 at 6 rows
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(6, width + 1, generator=gen)[:, 1:]
+            x[1] = torch.arange(width).flip(0).float()  # descending: the first CTA's gate is highest
+            x[2] = 0.5  # all equal: the tie-heavy passes
+            lengths = torch.tensor([width, width, width, width // 2 + 1, 0, 9000], dtype=torch.int32)
+            for k in (1, 2048, 4096):
+                got = tsd.indexer_topk(x.to(dtype).cuda(), lengths.cuda(), k)
+                expect(f"indexer {str(dtype)[6:]} 6x{width} k={k}", got, oracle.topk_tokens(x.to(dtype).float(),
+                                                                                          lengths, k))
+    rows = 65
+    x, lengths = torch.arange(98307).flip(0).float().repeat(rows, 1), torch.full((rows,), 32769, dtype=torch.int32)
+    expect("indexer 65x98307 (2-CTA one-read)", tsd.indexer_topk(x.cuda(), lengths.cuda(), 512),
+           oracle.topk_tokens(x, lengths, 512))
+    ends = torch.randint(1, 20001, (64,), generator=gen, dtype=torch.int32)
+    x = torch.randn(64, int(ends.max()), generator=gen)
+    x[torch.arange(x.shape[1])[None, :] >= ends[:, None]] = float("-inf")
+    for block in (1, 3, 8, 64, 256):
+        for k in (1, 64, 2048):
+            got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), block, k)
+            expect(f"blocks 64 rows bs={block} k={k}", got, oracle.candidate_blocks(x, ends, block, k))
+    for world, topk, length in ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000)):
+        x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)
+        lengths = torch.tensor([[length, length // 3, 0]] * world, dtype=torch.int32)
+        want = oracle.dcp_global_topk(x.float(), lengths, topk)[0]
+        expect(f"dcp pack + merge W={world} K={topk}", dcp.simulate_dcp_topk(x.cuda(), lengths.cuda(), topk), want)
+    for experts, topk in ((896, 16), (256, 8), (1024, 16), (7, 3)):
+        for renormalize in (True, False):
+            for sigmoid in (True, False):
+                s = torch.randn(33, experts, generator=gen)
+                s[0] = float("nan")
+                weights, ids = tsd.moe_route(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize=renormalize,
+                                             apply_sigmoid=sigmoid)
+                want_s = torch.sigmoid(s.cuda()).cpu() if sigmoid else s
+                expect(f"moe_route {experts}/{topk} renormalize={renormalize} sigmoid={sigmoid}", ids,
+                       oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize)[1])
+    if fuzz_cases:
+        if small:
+            fuzz.ELEMENTS = 1 << 20
+        bad += len(fuzz.run(0, fuzz_cases))
+    torch.cuda.synchronize()
+    print(f"matrix: {bad} cases differed", flush=True)
+    return bad
+
+
+def sanitize(tool: str, small: bool, fuzz_cases: int) -> tuple[int, str]:
+    """(errors compute-sanitizer reported, its summary line) for one tool over the matrix."""
+    command = ["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", *TOOLS[tool],
+               sys.executable, os.path.abspath(__file__), "--matrix", "--fuzz-cases", str(fuzz_cases)]
+    if small:
+        command.append("--small")
+    started = time.time()
+    run = subprocess.run(command, capture_output=True, text=True)
+    text = run.stdout + run.stderr
+    found = re.findall(r"ERROR SUMMARY: (\d+) error", text)
+    hazards = re.findall(r"RACECHECK SUMMARY: (\d+) hazard", text)
+    errors = int(found[-1]) if found else -1
+    if hazards:
+        errors = max(errors, 0) + int(hazards[-1])
+    differed = re.findall(r"matrix: (\d+) cases differed", text)
+    if not differed or int(differed[-1]) or run.returncode:
+        errors = max(errors, 0) + 1  # the matrix itself failed under the tool
+    print(text[-3000:] if errors else "", flush=True)
+    summary = f"{tool}: {errors} errors ({time.time() - started:.0f} s); " + \
+              "; ".join(line.strip() for line in text.splitlines() if "SUMMARY" in line or "matrix:" in line)
+    return errors, summary
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tools", default="memcheck,racecheck,initcheck")
+    p.add_argument("--matrix", action="store_true", help="run the case matrix here (inside a tool)")
+    p.add_argument("--small", action="store_true", help="smaller rows (racecheck is slow)")
+    p.add_argument("--fuzz-cases", type=int, default=60)
+    args = p.parse_args()
+    if args.matrix:
+        return 1 if matrix(args.small, args.fuzz_cases) else 0
+    total = 0
+    for tool in args.tools.split(","):
+        small = args.small or tool == "racecheck"
+        errors, summary = sanitize(tool, small, args.fuzz_cases if tool != "racecheck" else args.fuzz_cases // 3)
+        print(summary, flush=True)
+        total += errors
+    return 1 if total else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
