@@ -349,12 +349,15 @@ def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
     blocks, moe, shapes = palette or palettes(seed)
     rng = random.Random(f"{seed}:{index}")
     case = Case(seed, index, rng.choices(OPS, WEIGHTS)[0])
-    if case.op.startswith("indexer") or case.op == "blocks":
-        diff = topk_case(case, rng, blocks)
-    elif case.op.startswith("dcp"):
-        diff = dcp_case(case, rng, shapes)
-    else:
-        diff = moe_case(case, rng, moe)
+    try:
+        if case.op.startswith("indexer") or case.op == "blocks":
+            diff = topk_case(case, rng, blocks)
+        elif case.op.startswith("dcp"):
+            diff = dcp_case(case, rng, shapes)
+        else:
+            diff = moe_case(case, rng, moe)
+    except Exception as err:  # an exception fails its case too, with its reproducer
+        diff = f"raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     return case, diff
 
 
@@ -364,14 +367,14 @@ def run(seed: int, cases: int, first: int = 0, log=print) -> list[str]:
     failures, counts = [], {}
     started = time.time()
     for index in range(first, first + cases):
-        try:
-            case, diff = run_case(seed, index, palette)
-        except Exception as err:  # an exception is a failure of its case too, with its reproducer
-            case, diff = Case(seed, index, "?"), f"raised {type(err).__name__}: {err}"
+        case, diff = run_case(seed, index, palette)
         counts[case.op] = counts.get(case.op, 0) + 1
         if diff:
             failures.append(f"FUZZ FAIL {case.line()}: {diff}")
             log(failures[-1])
+        if "CUDA error" in diff:  # the context is lost: later cases cannot run
+            log("fuzz: stopped after a CUDA error (raised by this case's kernels or, asynchronously, the case before)")
+            break
     if DEVICE == "cuda":
         torch.cuda.synchronize()
     log(f"fuzz seed={seed}: {cases} cases ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}) in "

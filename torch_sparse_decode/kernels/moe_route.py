@@ -70,22 +70,23 @@ def warp_sum(value):
 @cute.jit
 def renormalized(weight: Float32) -> Float32:
     """A lane's selected weight divided by the warp's sum (lanes past topk hold 0); a sum that is
-    not > 0 divides by 1. +inf weights share the weight evenly, the others get 0. A sum of finite
-    weights that overflows (inf or NaN) is taken again on the weights scaled by 2**-8, which is
-    exact for weights that large, so no finite input overflows it. Every branch is warp-uniform."""
-    infinite = warp_sum(Int32(weight == Float32.inf))
+    not > 0 divides by 1. Only a sum that is inf or NaN takes more steps: +inf weights share the
+    weight evenly and the others get 0; else the finite weights overflowed it (or one is -inf),
+    and the sum is taken again on the weights scaled by 2**-8, exact for weights that large, so no
+    finite input overflows it. Every branch is warp-uniform."""
     total = warp_sum(weight)
     result = weight
-    if infinite > 0:
-        result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
-    else:
-        if (total - total) != Float32(0.0):  # inf or NaN: overflowed, or a -inf weight
+    if (total - total) != Float32(0.0):
+        infinite = warp_sum(Int32(weight == Float32.inf))
+        if infinite > 0:
+            result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
+        else:
             scaled = weight * Float32(1.0 / 256)
             total = warp_sum(scaled)
             if total > Float32(0.0):
                 result = scaled / total
-        elif total > Float32(0.0):
-            result = weight / total
+    elif total > Float32(0.0):
+        result = weight / total
     return result
 
 
