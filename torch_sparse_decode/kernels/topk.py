@@ -796,8 +796,10 @@ class RadixTopk:
 @triton.jit
 def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
                 BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
-    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored).
-    EARLY: the engine (a programmatic dependent, waiting for this grid) may launch now."""
+    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
+    (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
+    written words. EARLY: the engine (a programmatic dependent, waiting for this grid) may
+    launch now."""
     if EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
@@ -814,19 +816,22 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
         bits = x.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
         key = bits ^ tl.where(bits < 0, -1, -2147483648)  # unsigned order = score order
-        tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < n_blocks)
+        key = tl.where(b < n_blocks, key, 0)
+        tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < (n_blocks + 3) // 4 * 4)
 
 
 def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, keep_all: int = 0) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written, and
-    none of a row of <= ``keep_all`` valid blocks (the engine keeps those without reading a key).
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written (and
+    zeros up to the next 16 bytes), and none of a row of <= ``keep_all`` valid blocks (the engine
+    keeps those without reading a key). Rows start 16-byte aligned (the row stride is padded to 4
+    keys), so no copy of the engine reaches before a row's first key.
 
     From the caching allocator: graph-capture safe (the graph's pool owns it). Not a caller-owned
     op argument: a mutable optional argument with a default breaks torch 2.11's custom_op
     (its ADInplaceOrView kernel indexes the arguments before filling defaults)."""
     rows, width = logits.shape
     num_blocks = -(-width // block_size)
-    keys = torch.empty(rows, num_blocks, dtype=torch.int32, device=logits.device)
+    keys = torch.empty(rows, -(-num_blocks // 4) * 4, dtype=torch.int32, device=logits.device)[:, :num_blocks]
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
