@@ -1,9 +1,14 @@
 """Multi-process DCP merge over a gloo group: every rank gets the oracle's ids, and the one-round
 path (with rescue) and the generic path are bit-identical, on rows that saturate the most ranks."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.distributed as dist
+
+import torch_sparse_decode as tsd
 
 import oracle
 from dcp_cases import count_saturated, mixed, saturating
@@ -78,3 +83,41 @@ def _divergent_arguments(rank: int, world_size: int, group) -> None:
 
 def test_divergent_arguments_raise_on_every_rank():
     run_ranks(_divergent_arguments, 3, "gloo")
+
+
+def _init_checks_arguments_first(rank: int, world_size: int, group) -> None:
+    """Every argument is checked before the one collective, which also carries topk: a bad or
+    mismatched argument, or a support probe that raises, ends in an error (or the generic merge)
+    on every rank, never a peer left waiting. A repeated call with other arguments is refused."""
+    want = "topk must be an int, got str" if rank == 1 else "another rank of the group got invalid arguments"
+    with pytest.raises(ValueError, match=want):
+        dcp.init_dcp_topk_merge(group, "128" if rank == 1 else 128, max_rows=8)
+    with pytest.raises(ValueError, match="topk must be the same on every rank of the group, got 128 to 129"):
+        dcp.init_dcp_topk_merge(group, 128 + (rank == 1), max_rows=8)
+    probe = dcp._local_support
+    if rank == 0:
+        def broken(*args):
+            raise RuntimeError("planted probe failure")
+        dcp._local_support = broken
+    try:
+        assert dcp.init_dcp_topk_merge(group, 512, max_rows=8) == 0
+    finally:
+        dcp._local_support = probe
+    assert dcp.init_dcp_topk_merge(group, 512, max_rows=8) == 0  # the same call again: the agreed value
+    with pytest.raises(ValueError, match="already called for group .* topk=512"):
+        dcp.init_dcp_topk_merge(group, 512, max_rows=16)
+
+
+def test_init_checks_arguments_on_every_rank():
+    run_ranks(_init_checks_arguments_first, 2, "gloo", timeout_s=120)
+
+
+def _warmup_on_rank_zero(rank: int, world_size: int, group) -> None:
+    if rank == 0:
+        tsd.warmup("cpu")  # rank 1 does not call it: a collective inside would never complete
+
+
+def test_warmup_leaves_process_groups_alone():
+    run_ranks(_warmup_on_rank_zero, 2, "gloo", timeout_s=120)
+    code = "import torch_sparse_decode as t, torch.distributed as d; t.warmup('cpu'); assert not d.is_initialized()"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)

@@ -36,11 +36,25 @@ __all__ = [
 
 
 @register_warmup
-def _warm_every_op(device: torch.device) -> None:
-    """Run each op once at a small shape: loads kernels and fills the caching allocator."""
-    from .examples import run_examples
+def _run_every_op(device: torch.device) -> None:
+    """Run each op once at the demo's small shapes: loads kernels and fills the caching allocator.
 
-    run_examples(device)
+    No process group is created, joined or used (a collective here would hang unless every rank
+    called warmup): the full DCP step over a group warms in ``init_dcp_topk_merge``."""
+    from . import api, dcp
+
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.rand(8, 896, generator=gen).to(device)
+    api.moe_route(scores, torch.zeros(896, device=device), 16, scale=2.5)
+    logits = torch.randn(4, 1 << 17, generator=gen).to(device)
+    ends = torch.tensor([1 << 17, 9000, 64, 0], dtype=torch.int32, device=device)
+    api.select_candidate_blocks(logits, ends, 64, 2048)
+    api.indexer_topk(logits, ends, 2048)
+    world, local = 4, torch.randn(4, 4, 16384, generator=gen).to(device)
+    lengths = torch.full((world, 4), 16384, dtype=torch.int32, device=device)
+    dcp.simulate_dcp_topk(local, lengths, 2048)
+    keys = torch.stack([dcp.local_topk_keys(local[r], lengths[r], world, r, 2048) for r in range(world)])
+    dcp.merge_generic(keys, 0)
 
 
 def warmup(device: torch.device | str | None = None) -> int:

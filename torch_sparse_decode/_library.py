@@ -16,6 +16,8 @@ Checks read tensor metadata only (dtype, device, shape, strides): never data, so
 from __future__ import annotations
 
 import functools
+import numbers
+import operator
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -113,17 +115,48 @@ def check_same_device(reference: torch.Tensor, ref_name: str, **others: torch.Te
 
 
 def check_scalar(value: object, name: str, kind: type) -> None:
-    """``kind`` is int, float, bool or str; bool never passes as a number (nor a number as a bool)."""
-    accepted = {int: (int, torch.SymInt), float: (int, float, torch.SymFloat), bool: (bool,), str: (str,)}[kind]
+    """``kind`` is int, float, bool or str; bool never passes as a number (nor a number as a bool).
+    Integers of any integral type pass as ints (numpy's too); the wrappers convert them with
+    ``check_int`` before calling an op, whose schema takes a Python int."""
+    accepted = {int: (numbers.Integral, torch.SymInt), float: (numbers.Real, torch.SymFloat), bool: (bool,),
+                str: (str,)}[kind]
     if (isinstance(value, bool) and kind is not bool) or not isinstance(value, accepted):
         raise TypeError(f"{name} must be {'an' if kind is int else 'a'} {kind.__name__}, got {type(value).__name__}")
 
 
 def check_int(value: object, name: str, low: int, high: int) -> int:
+    """``value`` as a Python int in [low, high], or a TypeError / ValueError naming ``name``."""
     check_scalar(value, name, int)
-    if isinstance(value, int) and not low <= value <= high:
+    if isinstance(value, torch.SymInt):
+        return value
+    value = operator.index(value)
+    if not low <= value <= high:
         raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
     return value
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) bytes of memory that ``t``'s elements occupy (a superset for strided views)."""
+    extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
+    first = t.data_ptr() - sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if stride < 0)
+    return first, first + extent * t.element_size()
+
+
+def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
+    """No output shares memory with another output or with an input (an op writes its outputs in
+    any order, so an alias would give a wrong answer). Skipped for tensors without storage (the
+    fake tensors of ``torch.compile`` tracing) and empty ones."""
+    def real(t):
+        return t.numel() > 0 and t.device.type != "meta" and not torch._subclasses.fake_tensor.is_fake(t)
+
+    named = [(n, t) for n, t in outputs.items() if real(t)]
+    others = [(n, t) for n, t in inputs.items() if isinstance(t, torch.Tensor) and real(t)]
+    spans = {n: _byte_span(t) for n, t in named + others}
+    for i, (a, _) in enumerate(named):
+        for b, _ in named[i + 1:] + others:
+            (a0, a1), (b0, b1) = spans[a], spans[b]
+            if a0 < b1 and b0 < a1:
+                raise ValueError(f"{a} must not overlap {b} in memory")
 
 
 # ---------------------------------------------------------------------------------------------

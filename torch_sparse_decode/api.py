@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import ops  # noqa: F401  (registers the ops)
-from ._library import check_is_tensor, check_scalar
+from ._library import check_int, check_is_tensor, check_scalar
 
 
 def moe_route(
@@ -43,16 +43,19 @@ def moe_route(
     """
     # Scalars are checked here: the dispatcher would reject a wrong type with a RuntimeError.
     check_is_tensor(scores, "scores")
-    check_scalar(topk, "topk", int)
+    topk = check_int(topk, "topk", 1, ops.MOE_MAX_TOPK)
     check_scalar(renormalize, "renormalize", bool)
     check_scalar(scale, "scale", float)
     check_scalar(apply_sigmoid, "apply_sigmoid", bool)
     if out is None:
-        tokens, width = scores.shape[0] if scores.dim() == 2 else 0, max(topk, 0)
+        tokens = scores.shape[0] if scores.dim() == 2 else 0
         out = (
-            torch.empty(tokens, width, dtype=torch.float32, device=scores.device),
-            torch.empty(tokens, width, dtype=torch.int32, device=scores.device),
+            torch.empty(tokens, topk, dtype=torch.float32, device=scores.device),
+            torch.empty(tokens, topk, dtype=torch.int32, device=scores.device),
         )
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (weights, ids) pair of tensors, got {type(out).__name__} "
+                        f"of {len(out) if isinstance(out, (tuple, list)) else 1}")
     weights, ids = out
     torch.ops.sparse_decode.moe_route(scores, bias, topk, renormalize, float(scale), apply_sigmoid, weights, ids)
     return weights, ids
@@ -60,9 +63,8 @@ def moe_route(
 
 def _out_rows(like: torch.Tensor, name: str, k: int) -> torch.Tensor:
     check_is_tensor(like, name)
-    check_scalar(k, "k", int)
     rows = like.shape[0] if like.dim() >= 1 else 0
-    return torch.empty(rows, max(k, 0), dtype=torch.int32, device=like.device)
+    return torch.empty(rows, k, dtype=torch.int32, device=like.device)
 
 
 def select_candidate_blocks(
@@ -88,7 +90,8 @@ def select_candidate_blocks(
         int32 [rows, k]: the newest valid block plus the best ``k - 1`` other valid blocks in the
         library order, ascending, then -1 padding.
     """
-    check_scalar(block_size, "block_size", int)
+    block_size = check_int(block_size, "block_size", 1, ops.MAX_BLOCK_SIZE)
+    k = check_int(k, "k", 1, ops.TOPK_MAX_K)
     if out is None:
         out = _out_rows(logits, "logits", k)
     elif isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[1] != k:
@@ -116,6 +119,7 @@ def indexer_topk(
     Returns:
         int32 [rows, k]: the selected positions ascending, then -1 padding.
     """
+    k = check_int(k, "k", 1, ops.TOPK_MAX_K)
     if out is None:
         out = _out_rows(scores, "scores", k)
     torch.ops.sparse_decode.indexer_topk(scores, lengths, k, out)

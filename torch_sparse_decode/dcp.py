@@ -25,7 +25,8 @@ import logging
 import torch
 import torch.distributed as dist
 
-from . import ops  # noqa: F401  (registers the ops)
+from . import ops
+from ._library import check_int
 from .reference import all_gather_rows as _all_gather
 from .dcp_config import (
     _ONE_ROUND,
@@ -37,6 +38,7 @@ from .dcp_config import (
     packed_row_words,
     rescue_row_slots,
     rescue_slots,
+    workspace_words,
 )
 
 __all__ = [
@@ -60,8 +62,26 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# (group name, topk) -> N agreed by init_dcp_topk_merge (0: generic merge).
-_INIT: dict[tuple[str, int], int] = {}
+# (group name, topk) -> (N agreed by init_dcp_topk_merge (0: generic merge), its other arguments).
+_INIT: dict[tuple[str, int], tuple[int, tuple]] = {}
+
+
+def _shape(t: object, name: str, ndim: int) -> tuple[int, ...]:
+    """``t``'s shape, once it is a tensor of ``ndim`` dimensions (before anything is allocated)."""
+    if not isinstance(t, torch.Tensor) or t.dim() != ndim:
+        shown = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{name} must be a {ndim}-D tensor, got {shown}")
+    return tuple(t.shape)
+
+
+def _rows(t: object, name: str, ndim: int) -> int:
+    """The rows of a [T, ...] (``ndim`` 2) or [W, T, ...] (``ndim`` 3) tensor argument."""
+    return _shape(t, name, ndim)[ndim - 2]
+
+
+def _group_ints(world_size, rank, topk) -> tuple[int, int, int]:
+    world_size = check_int(world_size, "world_size", 1, MAX_WORLD_SIZE)
+    return world_size, check_int(rank, "rank", 0, world_size - 1), check_int(topk, "topk", 1, ops.TOPK_MAX_K)
 
 
 def _merge_outputs(rows: int, topk: int, device: torch.device):
@@ -82,8 +102,9 @@ def pack_candidates(
     candidates in the B' layout; ``rescue`` its local top-K in the same layout (K' = K rounded up
     to 32 slots), in the same key order.
     """
-    rows = scores.shape[0]
-    local_topk = dcp_merge_local_topk(topk, world_size) if world_size >= 1 else 0
+    world_size, rank, topk = _group_ints(world_size, rank, topk)
+    rows = _rows(scores, "scores", 2)
+    local_topk = dcp_merge_local_topk(topk, world_size)
     packed = torch.empty(rows, packed_row_words(local_topk), dtype=torch.int32, device=scores.device)
     rescue = torch.empty(rows, packed_row_words(rescue_row_slots(topk)), dtype=torch.int32, device=scores.device)
     torch.ops.sparse_decode.dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue)
@@ -98,7 +119,9 @@ def merge_packed(
     ``gathered`` int32 [W, T, words]: every rank's packed row; ``rescue`` int32 [W, T, words']:
     every rank's rescue row (only saturated ranks' rows are used). Ids ascending, -1 padded.
     """
-    global_ids, local_ids, local_count = _merge_outputs(gathered.shape[1], topk, gathered.device)
+    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    rank = check_int(rank, "rank", 0, MAX_WORLD_SIZE - 1)
+    global_ids, local_ids, local_count = _merge_outputs(_rows(gathered, "gathered", 3), topk, gathered.device)
     torch.ops.sparse_decode.dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count)
     return global_ids, local_ids, local_count
 
@@ -107,14 +130,16 @@ def local_topk_keys(
     scores: torch.Tensor, lengths: torch.Tensor, world_size: int, rank: int, topk: int
 ) -> torch.Tensor:
     """Generic path, one rank: its local top-K as int64 merge keys [T, K] (-1 = empty)."""
-    keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)
+    world_size, rank, topk = _group_ints(world_size, rank, topk)
+    keys = torch.empty(_rows(scores, "scores", 2), topk, dtype=torch.int64, device=scores.device)
     torch.ops.sparse_decode.dcp_local_keys(scores, lengths, world_size, rank, topk, keys)
     return keys
 
 
 def merge_generic(gathered_keys: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Generic merge on ``rank`` of every rank's local top-K keys [W, T, K]."""
-    _, rows, topk = gathered_keys.shape
+    rank = check_int(rank, "rank", 0, MAX_WORLD_SIZE - 1)
+    _, rows, topk = _shape(gathered_keys, "gathered_keys", 3)
     global_ids, local_ids, local_count = _merge_outputs(rows, topk, gathered_keys.device)
     torch.ops.sparse_decode.dcp_merge_generic(gathered_keys, rank, global_ids, local_ids, local_count)
     return global_ids, local_ids, local_count
@@ -129,6 +154,7 @@ def simulate_dcp_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int, *,
         global_ids int32 [T, topk] (rank 0's; every rank merges the same rows); with
         ``return_local`` also each rank's (local_ids [W, T, topk], local_count [W, T]).
     """
+    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
     if not isinstance(scores, torch.Tensor) or scores.dim() != 3:
         raise ValueError("scores must be a [W, T, L] tensor")
     if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != tuple(scores.shape[:2]):
@@ -177,10 +203,25 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
     return True, ""
 
 
-def _argument_error(max_rows, max_local_len, timeout_s) -> str:
+# The one-round merge's kernels address the symmetric workspace with 32-bit word offsets.
+MAX_WORKSPACE_WORDS = (1 << 31) - 1
+
+
+def _argument_error(topk, max_rows, max_local_len, timeout_s, world_size: int) -> str:
     """What is wrong with this rank's arguments to ``init_dcp_topk_merge``, or ''."""
-    if not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
+    try:
+        check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    except (TypeError, ValueError) as err:
+        return str(err)
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
         return f"max_rows must be an int in [1, {ops.TOPK_MAX_ROWS}], got {max_rows!r}"
+    local_topk = dcp_merge_local_topk(topk, world_size) if 1 <= world_size <= MAX_WORLD_SIZE else 0
+    if local_topk:
+        words = workspace_words(world_size, topk, local_topk, max_rows)
+        if words > MAX_WORKSPACE_WORDS:
+            most = MAX_WORKSPACE_WORDS // workspace_words(world_size, topk, local_topk, 1)
+            return (f"max_rows must be at most {most} for topk={topk} on {world_size} ranks (the one-round "
+                    f"workspace is addressed with 32-bit offsets), got {max_rows}")
     if max_local_len is not None and (not isinstance(max_local_len, int) or max_local_len < 1):
         return f"max_local_len must be None or a positive int, got {max_local_len!r}"
     if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
@@ -188,23 +229,26 @@ def _argument_error(max_rows, max_local_len, timeout_s) -> str:
     return ""
 
 
-def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local_len: int | None = None) -> bool:
+def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local_len: int | None = None,
+           topk: int = 1) -> bool:
     """One all-reduce (MIN) over the group: the one-round merge only if every rank has it.
 
-    It also carries each rank's argument check and the range of ``max_rows`` and
+    It also carries each rank's argument check and the range of ``topk``, ``max_rows`` and
     ``max_local_len`` over the ranks, so that a bad or mismatched argument on any rank raises on
     every rank (naming it) instead of leaving the others waiting in a collective. (Mismatched
     sizes would also place the peers' pushes wrongly in the symmetric buffers.)"""
     length = -1 if max_local_len is None else max_local_len
-    rows = 1 if error else max_rows
-    mine = [int(supported and not error), int(not error), rows, -rows, length, -length]
+    rows, k = (1, 1) if error else (max_rows, topk)
+    mine = [int(supported and not error), int(not error), rows, -rows, length, -length, k, -k]
     reduced = torch.tensor(mine, dtype=torch.int64, device=_group_device(group))
     dist.all_reduce(reduced, op=dist.ReduceOp.MIN, group=group)
-    everyone, valid, rows_lo, rows_hi, length_lo, length_hi = reduced.tolist()
+    everyone, valid, rows_lo, rows_hi, length_lo, length_hi, k_lo, k_hi = reduced.tolist()
     if error:
         raise ValueError(error)
     if not valid:
         raise ValueError("init_dcp_topk_merge: another rank of the group got invalid arguments (its error names them)")
+    if k_lo != -k_hi:
+        raise ValueError(f"topk must be the same on every rank of the group, got {k_lo} to {-k_hi}")
     if rows_lo != -rows_hi:
         raise ValueError(f"max_rows must be the same on every rank of the group, got {rows_lo} to {-rows_hi}")
     if length_lo != -length_hi:
@@ -231,12 +275,22 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     """
     group = group if group is not None else dist.group.WORLD
     name = group.group_name
-    if (name, topk) in _INIT:
-        return _INIT[(name, topk)]
-    error = _argument_error(max_rows, max_local_len, timeout_s)
-    supported, why = _local_support(group, topk, max_local_len) if not error else (False, error)
-    agreed = _agree(group, supported, error, max_rows, max_local_len)
     world_size = dist.get_world_size(group)
+    arguments = (max_rows, max_local_len, timeout_s)
+    error = _argument_error(topk, max_rows, max_local_len, timeout_s, world_size)
+    done = _INIT.get((name, topk)) if not error else None
+    if done is not None:  # local: a repeated call runs no collective
+        if done[1] != arguments:
+            raise ValueError(f"init_dcp_topk_merge was already called for group {name!r} and topk={topk} with "
+                             f"(max_rows, max_local_len, timeout_s) = {done[1]}; got {arguments}")
+        return done[0]
+    supported, why = False, error
+    if not error:
+        try:  # a rank that raised here would leave its peers waiting in the agreement
+            supported, why = _local_support(group, topk, max_local_len)
+        except Exception as err:
+            supported, why = False, f"support check failed: {type(err).__name__}: {err}"
+    agreed = _agree(group, supported, error, max_rows, max_local_len, topk)
     local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
     if local_topk:
         from .kernels import dcp as kernels
@@ -254,7 +308,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         dcp_topk_merge_check(group, topk)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
-    _INIT[(name, topk)] = local_topk
+    _INIT[(name, topk)] = (local_topk, arguments)
     return local_topk
 
 
@@ -281,6 +335,7 @@ def dcp_topk_merge(
         local_topk: testing aid for CPU groups: N runs the one-round algorithm there, its rescue
             rows fetched by a second all-gather (standing in for the symmetric-memory read).
     """
+    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
     group = group if group is not None else dist.group.WORLD
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if local_topk:

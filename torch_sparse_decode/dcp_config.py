@@ -58,6 +58,12 @@ def dcp_topk_merge_fits(num_rows: int, topk: int, local_topk: int, group=None) -
     return local_topk > 0 and num_rows <= dcp_topk_merge_max_rows(topk, local_topk, group)
 
 
+def workspace_words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
+    """int32 words of a rank's one-round workspace: two parities of every rank's packed rows and
+    of its own rescue rows, each word stored as an 8-byte tagged unit."""
+    return 2 * max_rows * 2 * (world_size * packed_row_words(local_topk) + packed_row_words(rescue_row_slots(topk)))
+
+
 def rescue_row_slots(topk: int) -> int:
     """Slots of a rank's rescue row (its local top-K in the B' layout): K rounded up to 32."""
     return -(-topk // _WARP) * _WARP

@@ -11,7 +11,15 @@ import math
 import torch
 
 from . import reference
-from ._library import check_int, check_scalar, check_same_device, check_shape, check_tensor, define_op
+from ._library import (
+    check_int,
+    check_no_overlap,
+    check_same_device,
+    check_scalar,
+    check_shape,
+    check_tensor,
+    define_op,
+)
 from .dcp_config import (
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
@@ -60,6 +68,7 @@ def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weigh
     check_tensor(ids, "ids", dtypes=_INT32, ndim=2)
     check_shape(ids, "ids", (tokens, topk))
     check_same_device(scores, "scores", bias=bias, weights=weights, ids=ids)
+    check_no_overlap({"weights": weights, "ids": ids}, {"scores": scores, "bias": bias})
 
 
 moe_route = define_op("moe_route", ("weights", "ids"), check_moe_route)(reference.moe_route)
@@ -73,14 +82,14 @@ def _check_topk_rows(scores, scores_name, dtypes, lengths, lengths_name, out):
     rows, width = scores.shape
     if width > TOPK_MAX_WIDTH:
         raise ValueError(f"{scores_name} may have at most {TOPK_MAX_WIDTH} columns, got {width}")
-    if rows > TOPK_MAX_ROWS:
-        raise ValueError(f"{scores_name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
+    _check_rows(rows, scores_name)
     _check_lengths(lengths, lengths_name, rows)
     check_tensor(out, "out", dtypes=_INT32, ndim=2)
     if out.shape[0] != rows:
         raise ValueError(f"out must have {rows} rows (one per {scores_name} row), got {out.shape[0]}")
     check_int(out.shape[1], "out.shape[1] (k)", 1, TOPK_MAX_K)
     check_same_device(scores, scores_name, **{lengths_name: lengths, "out": out})
+    check_no_overlap({"out": out}, {scores_name: scores, lengths_name: lengths})
 
 
 def check_select_candidate_blocks(logits, row_ends, block_size, out) -> None:
@@ -97,8 +106,8 @@ select_candidate_blocks = define_op("select_candidate_blocks", ("out",), check_s
 
 
 def check_indexer_topk(scores, lengths, k, out) -> None:
-    _check_topk_rows(scores, "scores", _SCORES, lengths, "lengths", out)
     check_int(k, "k", 1, TOPK_MAX_K)
+    _check_topk_rows(scores, "scores", _SCORES, lengths, "lengths", out)
     if out.shape[1] != k:
         raise ValueError(f"out must have k = {k} columns, got {out.shape[1]}")
 
@@ -109,8 +118,14 @@ indexer_topk = define_op("indexer_topk", ("out",), check_indexer_topk)(reference
 # ---------------------------------------------------------------------------------- DCP merge
 
 
+def _check_rows(rows: int, name: str) -> None:
+    if rows > TOPK_MAX_ROWS:
+        raise ValueError(f"{name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
+
+
 def _check_dcp_scores(scores, lengths, world_size, rank, topk, max_length: int) -> None:
     check_tensor(scores, "scores", dtypes=_SCORES, ndim=2, contiguous=False, inner_contiguous=True)
+    _check_rows(scores.shape[0], "scores")
     if scores.shape[1] > max_length:
         raise ValueError(f"scores may have at most {max_length} local tokens (columns), got {scores.shape[1]}")
     _check_lengths(lengths, "lengths", scores.shape[0])
@@ -138,12 +153,14 @@ def check_dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> N
     check_tensor(rescue, "rescue", dtypes=_INT32, ndim=2)
     check_shape(rescue, "rescue", (rows, packed_row_words(rescue_row_slots(topk))))
     check_same_device(scores, "scores", lengths=lengths, packed=packed, rescue=rescue)
+    check_no_overlap({"packed": packed, "rescue": rescue}, {"scores": scores, "lengths": lengths})
 
 
 dcp_pack = define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack)(reference.dcp_pack)
 
 
-def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_ids, local_count):
+def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_ids, local_count, **inputs):
+    _check_rows(rows, name)
     check_tensor(global_ids, "global_ids", dtypes=_INT32, ndim=2)
     check_shape(global_ids, "global_ids", (rows, topk))
     check_tensor(local_ids, "local_ids", dtypes=_INT32, ndim=2)
@@ -151,6 +168,8 @@ def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_i
     check_tensor(local_count, "local_count", dtypes=_INT32, ndim=1)
     check_shape(local_count, "local_count", (rows,))
     check_same_device(reference_tensor, name, global_ids=global_ids, local_ids=local_ids, local_count=local_count)
+    check_no_overlap({"global_ids": global_ids, "local_ids": local_ids, "local_count": local_count},
+                     {name: reference_tensor, **inputs})
 
 
 def check_dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
@@ -164,7 +183,7 @@ def check_dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_c
     check_tensor(rescue, "rescue", dtypes=_INT32, ndim=3)
     check_shape(rescue, "rescue", (world_size, rows, packed_row_words(rescue_row_slots(topk))))
     check_same_device(gathered, "gathered", rescue=rescue)
-    _check_merge_outputs(rows, topk, gathered, "gathered", global_ids, local_ids, local_count)
+    _check_merge_outputs(rows, topk, gathered, "gathered", global_ids, local_ids, local_count, rescue=rescue)
 
 
 dcp_merge = define_op("dcp_merge", ("global_ids", "local_ids", "local_count"), check_dcp_merge)(
@@ -178,6 +197,7 @@ def check_dcp_local_keys(scores, lengths, world_size, rank, topk, keys) -> None:
     check_tensor(keys, "keys", dtypes=(torch.int64,), ndim=2)
     check_shape(keys, "keys", (scores.shape[0], topk))
     check_same_device(scores, "scores", lengths=lengths, keys=keys)
+    check_no_overlap({"keys": keys}, {"scores": scores, "lengths": lengths})
 
 
 dcp_local_keys = define_op("dcp_local_keys", ("keys",), check_dcp_local_keys)(reference.dcp_local_keys)
@@ -200,7 +220,8 @@ dcp_merge_generic = define_op(
 def check_dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count) -> None:
     _check_dcp_scores(scores, lengths, 1, 0, topk, (1 << 31) // MAX_WORLD_SIZE)
     check_scalar(group_name, "group_name", str)
-    _check_merge_outputs(scores.shape[0], topk, scores, "scores", global_ids, local_ids, local_count)
+    _check_merge_outputs(scores.shape[0], topk, scores, "scores", global_ids, local_ids, local_count,
+                         lengths=lengths)
 
 
 dcp_topk_merge = define_op(

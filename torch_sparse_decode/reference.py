@@ -148,7 +148,9 @@ def _local_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
     if pad:
         fill = index.new_zeros(index.shape[0], pad)
         index, live = torch.cat([index, fill], 1), torch.cat([live, fill.bool()], 1)
-    return ord16.gather(1, index), index, live
+    # A row of no local tokens has no key to gather (every slot is empty).
+    picked = ord16.gather(1, index) if length else torch.zeros_like(index)
+    return picked, index, live
 
 
 def _as_int32(words: torch.Tensor) -> torch.Tensor:
@@ -250,7 +252,8 @@ def dcp_merge(
     # A saturated rank contributes only its rescue row (a superset of what it sent).
     sent = torch.where(saturated[:, :, None], EMPTY, sent)
     deeper = torch.where(saturated[:, :, None], deeper, EMPTY)
-    candidates = torch.cat([sent, deeper], dim=2).permute(1, 0, 2).reshape(rows, -1)
+    candidates = torch.cat([sent, deeper], dim=2)
+    candidates = candidates.permute(1, 0, 2).reshape(rows, world_size * candidates.shape[2])
     _emit(candidates, topk, world_size, rank, global_ids, local_ids, local_count)
 
 

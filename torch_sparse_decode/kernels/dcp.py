@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .. import reference
-from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
+from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words, rescue_row_slots, workspace_words
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
@@ -657,10 +657,7 @@ class Workspace:
         if not _cute_merge(self.ids):
             self.triton_scratch()
 
-    @staticmethod
-    def words(world_size: int, topk: int, local_topk: int, max_rows: int) -> int:
-        pw, rw = packed_row_words(local_topk), packed_row_words(rescue_row_slots(topk))
-        return 2 * max_rows * 2 * (world_size * pw + rw)
+    words = staticmethod(workspace_words)
 
     def triton_scratch(self) -> torch.Tensor:
         """The Triton merge's bitmaps (zero between steps), made on first use."""
