@@ -278,6 +278,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     world_size = dist.get_world_size(group)
     arguments = (max_rows, max_local_len, timeout_s)
     error = _argument_error(topk, max_rows, max_local_len, timeout_s, world_size)
+    topk = topk if error else int(topk)  # a numpy integer keys the same entries as the int
     done = _INIT.get((name, topk)) if not error else None
     if done is not None:  # local: a repeated call runs no collective
         if done[1] != arguments:
