@@ -51,6 +51,13 @@ def reorder_slots(rows: torch.Tensor, slots: int, order: torch.Tensor) -> torch.
     return reference._encode_b_prime(*flat, slots).view(rows.shape)
 
 
+def canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
+    """The same B' rows with live slots in ascending local id, then empty slots (our kernels' order;
+    the layout allows any)."""
+    _, local, live = reference.decode_b_prime(rows, slots)
+    return reorder_slots(rows, slots, torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices)
+
+
 def shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
     """The same B' rows with their slots permuted (the layout allows any order)."""
     return reorder_slots(rows, slots, torch.randperm(slots, generator=torch.Generator().manual_seed(seed)))

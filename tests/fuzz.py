@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import sys
 import time
@@ -28,14 +29,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+import oracle
 import torch_sparse_decode as tsd
+from dcp_cases import canonical_rows
 from torch_sparse_decode import dcp, reference
 
 OPS = ("indexer_fp32", "indexer_bf16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
 WEIGHTS = (26, 14, 28, 9, 7, 4, 12)  # how often each op is drawn
 FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
             "relu", "bf16_plateau")
-ELEMENTS = int(__import__("os").environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
+ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
 ALWAYS_BLOCKS = (1, 8, 16, 64, 256)
 ALWAYS_MOE = ((896, 16), (256, 8), (384, 8), (1024, 16), (17, 16), (1, 1))
 ALWAYS_DCP = ((2, 2048), (2, 512), (4, 2048), (8, 1024), (16, 4096), (3, 100))
@@ -257,14 +260,6 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
     return first_difference(got, want)
 
 
-def canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
-    """B' rows with their live slots in ascending local id (the layout allows any slot order)."""
-    ord16, local, live = reference.decode_b_prime(rows, slots)
-    order = torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices
-    flat = [t.gather(-1, order) for t in (ord16, local, live)]
-    return reference._encode_b_prime(*flat, slots)
-
-
 def dcp_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> str:
     world, topk = rng.choice(shapes)
     simulated = case.op == "dcp_merge"
@@ -329,18 +324,16 @@ def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> s
     if diff:
         return "ids: " + diff
     # Weights: the kernel sums in fp32, the reference in fp64, so within the rounding of the sum.
-    g, w = got_w.double(), want_w.double()
-    same_special = torch.equal(torch.isnan(g), torch.isnan(w)) and torch.equal(g[w.isinf()], w[w.isinf()])
     picked = torch.where(torch.isnan(s) | torch.isnan(s + bias), 0.0, torch.sigmoid(s) if apply_sigmoid else s)
     picked = picked.gather(1, want_i.long()).double()
     condition = torch.ones(tokens, 1, device=DEVICE, dtype=torch.float64)
     if renormalize:
         total = picked.sum(1, keepdim=True)
         condition = torch.where(total > 0, picked.abs().sum(1, keepdim=True) / total, 1.0).nan_to_num(1.0)
-    bound = (topk + 3) * torch.finfo(torch.float32).eps * condition * w.abs() + 1e-37
-    finite = w.isfinite()
-    if not same_special or not bool(((g - w).abs() <= bound)[finite].all()):
-        return "weights: " + (first_difference(got_w, want_w) or "inf/NaN pattern differs")
+    try:
+        oracle.assert_weights_close(got_w, want_w.double(), condition.flatten(), topk)
+    except AssertionError as err:
+        return f"weights: {err}; " + first_difference(got_w, want_w)
     return ""
 
 

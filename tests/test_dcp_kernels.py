@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import oracle
+from dcp_cases import canonical_rows as _canonical_rows
 from dcp_cases import mixed, reorder_slots, saturating, shuffled
 from inputs import KINDS, scores
 from torch_sparse_decode import dcp, reference
@@ -41,12 +42,6 @@ def _ascending_local_topk(x: torch.Tensor, lengths: torch.Tensor, topk: int) -> 
     none = torch.iinfo(torch.int64).max
     ids = torch.where(live, local, none).sort(dim=1).values
     return torch.where(ids == none, -1, ids).to(torch.int32)
-
-
-def _canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
-    """The same B' rows with live slots in ascending local id, then empty slots (our kernels' order)."""
-    _, local, live = reference.decode_b_prime(rows, slots)
-    return reorder_slots(rows, slots, torch.sort(torch.where(live, local, 1 << 40), dim=-1).indices)
 
 
 def _pack(x, lengths, world_size, rank, topk):
