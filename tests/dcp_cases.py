@@ -61,3 +61,47 @@ def canonical_rows(rows: torch.Tensor, slots: int) -> torch.Tensor:
 def shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
     """The same B' rows with their slots permuted (the layout allows any order)."""
     return reorder_slots(rows, slots, torch.randperm(slots, generator=torch.Generator().manual_seed(seed)))
+
+
+# ------------------------------------------------------------- simulated ranks of one step
+
+
+def ascending_local_topk(x: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
+    """The engine's output on the GPU: the local top-K ids ascending, -1 padded."""
+    _, local, live = reference._local_topk(x, lengths, topk)
+    none = torch.iinfo(torch.int64).max
+    ids = torch.where(live, local, none).sort(dim=1).values
+    return torch.where(ids == none, -1, ids).to(torch.int32)
+
+
+def simulated_group(world_size: int, topk: int, max_rows: int, device, timeout_s: float = 5.0,
+                    max_local_len: int = 1 << 17) -> list:
+    """W ranks' one-round workspaces in one process: each rank's buffer a plain tensor, reached
+    by address."""
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    n = dcp_merge_local_topk(topk, world_size)
+    words = kernels.Workspace.words(world_size, topk, n, max_rows)
+    buffers = [torch.zeros(words, dtype=torch.int32, device=device) for _ in range(world_size)]
+    addresses = [b.data_ptr() for b in buffers]
+    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s,
+                              max_local_len=max_local_len) for r in range(world_size)]
+
+
+def push_rows(ws, x: torch.Tensor, lengths: torch.Tensor, topk: int) -> None:
+    """Rank ``ws.rank``'s step rows of scores ``x`` [T, L] pushed into every rank's buffer."""
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    device = ws.buffer.device
+    kernels.push_rows(ws, ascending_local_topk(x, lengths, topk).to(device), x.to(device))
+
+
+def merge_step(ws, rows: int, topk: int):
+    """One rank's merge of a step into poisoned outputs: (global ids, local ids, counts) on the CPU."""
+    from torch_sparse_decode.kernels import dcp as kernels
+
+    device = ws.buffer.device
+    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=device) for _ in range(2)]
+    count = torch.full((rows,), -7, dtype=torch.int32, device=device)
+    kernels.merge_step(ws, outs[0], outs[1], count)
+    return outs[0].cpu(), outs[1].cpu(), count.cpu()

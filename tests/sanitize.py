@@ -3,12 +3,14 @@
     python tests/sanitize.py                    # all three tools; exit 1 on any error
     python tests/sanitize.py --tools memcheck   # one tool
     python tests/sanitize.py --matrix           # the matrix alone, no sanitizer (what each tool runs)
+    python tests/sanitize.py --sections dcp     # a part of the matrix (topk, dcp, moe, fuzz)
 
 The matrix runs each kernel in the configurations that take its different paths: the top-k
 engine at every cluster size (1, 2, 4, 8 CTAs per row), fp32 / bf16 / block keys / ord16 keys,
 the one-read path and its fallback, rows kept unread, k = 1 and 4096, unaligned and strided
 views, and select_candidate_blocks with k = 1 (k_sel = 0); the Triton block-key pre-pass at
-block sizes 1..256; the DCP pack (Triton) and the CuTe merge of simulated ranks (W = 2, 4, 16);
+block sizes 1..256; the DCP pack (Triton) and the CuTe merge of simulated ranks (W = 2, 4, 16), and
+the symmetric-memory step (push, wait, merge) over simulated ranks, a peer of other rows included;
 moe_route in each flag combination; then a run of fuzzer cases (mixed batches). Every case is
 also checked against the reference, so a tool's slowdown cannot hide a wrong answer.
 """
@@ -32,9 +34,14 @@ TOOLS = {  # tool -> extra flags
 }
 
 
-def matrix(small: bool, fuzz_cases: int) -> int:
-    """Run the case matrix on the GPU; returns how many cases differed from the reference."""
+SECTIONS = ("topk", "dcp", "moe", "fuzz")
+
+
+def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
+    """Run the case matrix (``sections`` of it) on the GPU; returns how many cases differed from the
+    reference."""
     sys.path.insert(0, HERE)
+    import dcp_cases
     import fuzz
     import oracle
 
@@ -51,7 +58,7 @@ def matrix(small: bool, fuzz_cases: int) -> int:
 
     gen = torch.Generator().manual_seed(0)
     widths = [3000, 12000, 40000, 300001] if small else [6000, 12000, 98307, 1 << 19]
-    for width in widths:  # cluster sizes 1, 2, 4, 8 at 6 rows
+    for width in widths if "topk" in sections else ():  # cluster sizes 1, 2, 4, 8 at 6 rows
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(6, width + 1, generator=gen)[:, 1:]
             x[1] = torch.arange(width).flip(0).float()  # descending: the first CTA's gate is highest
@@ -61,23 +68,41 @@ def matrix(small: bool, fuzz_cases: int) -> int:
                 got = tsd.indexer_topk(x.to(dtype).cuda(), lengths.cuda(), k)
                 expect(f"indexer {str(dtype)[6:]} 6x{width} k={k}", got, oracle.topk_tokens(x.to(dtype).float(),
                                                                                           lengths, k))
-    rows = 65
+    rows = 65 if "topk" in sections else 0
     x, lengths = torch.arange(98307).flip(0).float().repeat(rows, 1), torch.full((rows,), 32769, dtype=torch.int32)
-    expect("indexer 65x98307 (2-CTA one-read)", tsd.indexer_topk(x.cuda(), lengths.cuda(), 512),
-           oracle.topk_tokens(x, lengths, 512))
+    if rows:
+        expect("indexer 65x98307 (2-CTA one-read)", tsd.indexer_topk(x.cuda(), lengths.cuda(), 512),
+               oracle.topk_tokens(x, lengths, 512))
     ends = torch.randint(1, 20001, (64,), generator=gen, dtype=torch.int32)
     x = torch.randn(64, int(ends.max()), generator=gen)
     x[torch.arange(x.shape[1])[None, :] >= ends[:, None]] = float("-inf")
-    for block in (1, 3, 8, 64, 256):
+    for block in (1, 3, 8, 64, 256) if "topk" in sections else ():
         for k in (1, 64, 2048):
             got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), block, k)
             expect(f"blocks 64 rows bs={block} k={k}", got, oracle.candidate_blocks(x, ends, block, k))
-    for world, topk, length in ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000)):
+    dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))
+    for world, topk, length in dcp_worlds if "dcp" in sections else ():
         x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)
         lengths = torch.tensor([[length, length // 3, 0]] * world, dtype=torch.int32)
         want = oracle.dcp_global_topk(x.float(), lengths, topk)[0]
         expect(f"dcp pack + merge W={world} K={topk}", dcp.simulate_dcp_topk(x.cuda(), lengths.cuda(), topk), want)
-    for experts, topk in ((896, 16), (256, 8), (1024, 16), (7, 3)):
+    for world, topk in ((2, 2048), (4, 256)) if "dcp" in sections else ():  # the step over simulated ranks
+        x, lengths = dcp_cases.saturating(world, topk, 5000, seed=world)
+        group = dcp_cases.simulated_group(world, topk, max_rows=3, device="cuda", timeout_s=0.0)
+        want = oracle.dcp_global_topk(x, lengths, topk)[0]
+        for step in range(2):  # both parities
+            for ws in group:
+                dcp_cases.push_rows(ws, x[ws.rank], lengths[ws.rank], topk)
+            for ws in group:
+                expect(f"dcp step W={world} K={topk} parity {step} rank {ws.rank}",
+                       dcp_cases.merge_step(ws, 3, topk)[0], want)
+        dcp_cases.push_rows(group[0], x[0, :2], lengths[0, :2], topk)  # rank 1 sends 3 rows, rank 0 2
+        dcp_cases.push_rows(group[1], x[1], lengths[1], topk)
+        expect(f"dcp step W={world} other rows: no ids", dcp_cases.merge_step(group[0], 2, topk)[2],
+               torch.zeros(2, dtype=torch.int32))
+        expect(f"dcp step W={world} other rows: error word", torch.tensor(group[0].take_error()),
+               torch.tensor(1 << 17))
+    for experts, topk in ((896, 16), (256, 8), (1024, 16), (7, 3)) if "moe" in sections else ():
         for renormalize in (True, False):
             for sigmoid in (True, False):
                 s = torch.randn(33, experts, generator=gen)
@@ -87,7 +112,7 @@ def matrix(small: bool, fuzz_cases: int) -> int:
                 want_s = torch.sigmoid(s.cuda()).cpu() if sigmoid else s
                 expect(f"moe_route {experts}/{topk} renormalize={renormalize} sigmoid={sigmoid}", ids,
                        oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize)[1])
-    if fuzz_cases:
+    if fuzz_cases and "fuzz" in sections:
         if small:
             fuzz.ELEMENTS = 1 << 20
         bad += len(fuzz.run(0, fuzz_cases))
@@ -96,10 +121,11 @@ def matrix(small: bool, fuzz_cases: int) -> int:
     return bad
 
 
-def sanitize(tool: str, small: bool, fuzz_cases: int) -> tuple[int, str]:
+def sanitize(tool: str, small: bool, fuzz_cases: int, sections: str) -> tuple[int, str]:
     """(errors compute-sanitizer reported, its summary line) for one tool over the matrix."""
     command = ["compute-sanitizer", "--tool", tool, "--report-api-errors", "no", *TOOLS[tool],
-               sys.executable, os.path.abspath(__file__), "--matrix", "--fuzz-cases", str(fuzz_cases)]
+               sys.executable, os.path.abspath(__file__), "--matrix", "--fuzz-cases", str(fuzz_cases),
+               "--sections", sections]
     if small:
         command.append("--small")
     started = time.time()
@@ -125,13 +151,15 @@ def main() -> int:
     p.add_argument("--matrix", action="store_true", help="run the case matrix here (inside a tool)")
     p.add_argument("--small", action="store_true", help="smaller rows (racecheck is slow)")
     p.add_argument("--fuzz-cases", type=int, default=60)
+    p.add_argument("--sections", default=",".join(SECTIONS), help="of the matrix: " + ", ".join(SECTIONS))
     args = p.parse_args()
     if args.matrix:
-        return 1 if matrix(args.small, args.fuzz_cases) else 0
+        return 1 if matrix(args.small, args.fuzz_cases, args.sections.split(",")) else 0
     total = 0
     for tool in args.tools.split(","):
         slow = tool != "memcheck"  # racecheck and initcheck take ~5 min even on the small matrix
-        errors, summary = sanitize(tool, args.small or slow, args.fuzz_cases // 3 if slow else args.fuzz_cases)
+        errors, summary = sanitize(tool, args.small or slow, args.fuzz_cases // 3 if slow else args.fuzz_cases,
+                                   args.sections)
         print(summary, flush=True)
         total += errors
     return 1 if total else 0

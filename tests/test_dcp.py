@@ -167,3 +167,50 @@ def test_init_rejects_bad_arguments():
     with pytest.raises(ValueError, match="timeout_s must be a positive number"):
         dcp.init_dcp_topk_merge(None, 2000, 8, timeout_s=0)
     assert dcp.init_dcp_topk_merge(None, 2000, 8) == 0  # one rank: the generic merge
+
+
+def test_the_step_check_names_the_ranks_once(monkeypatch):
+    """dcp_topk_merge_check decodes the one-round error word: late ranks, ranks whose step had
+    another row count; it reports an error once, and only the group's (and topk's) workspaces."""
+    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+
+    class Workspace:
+        rank, timeout_ns = 0, int(2.5e9)
+
+        def __init__(self, error):
+            self.error = error
+
+        def take_error(self):
+            error, self.error = self.error, 0
+            return error
+
+    class Group:
+        group_name = "g"
+
+    monkeypatch.setitem(dcp._ONE_ROUND, ("g", 2048), (1536, 8))
+    monkeypatch.setattr(kernels, "WORKSPACES", {("g", 2048): Workspace(1 << 3 | 1 << 5 | 1 << 17),
+                                                ("g", 512): Workspace(1), ("h", 2048): Workspace(1)})
+    with pytest.raises(dcp.DcpStepError, match=r"rank\(s\) 3, 5 did not send their rows within 2.5 s .*; "
+                                               r"rank\(s\) 1 sent a step with another row count"):
+        dcp.dcp_topk_merge_check(Group(), 2048)
+    dcp.dcp_topk_merge_check(Group(), 2048)  # reported once
+    with pytest.raises(dcp.DcpStepError, match=r"topk 512, rank 0\): rank\(s\) 0 did not send"):
+        dcp.dcp_topk_merge_check(Group())
+
+
+def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
+    """The engine picks its cluster size from CLUSTER_SIZES only, and warm_step compiles the ord16
+    engine at each of them for both score dtypes, and the step's merge."""
+    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+    from torch_sparse_decode.kernels import dcp_merge, topk
+
+    sizes = {topk.cluster_size(rows, width, sms) for rows in (1, 3, 8, 64, 600, 65535)
+             for width in (1, 8192, 8193, 1 << 16, 1 << 17) for sms in (78, 132)}
+    assert sizes == set(topk.CLUSTER_SIZES)
+    asked = []
+    monkeypatch.setattr(topk, "compiled", lambda *args, **kw: asked.append((args, kw)))
+    monkeypatch.setattr(dcp_merge, "compiled", lambda *args: asked.append(args))
+    kernels.warm_step(4, 2048)
+    engines = {(dtype, ranks) for (dtype, pinned, ranks), kw in asked[:-1] if kw == {"ord16": True} and not pinned}
+    assert engines == {(d, r) for d in (torch.float32, torch.bfloat16) for r in topk.CLUSTER_SIZES}
+    assert asked[-1] == (4, 2048, True)

@@ -3,6 +3,7 @@ path (with rescue) and the generic path are bit-identical, on rows that saturate
 
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -121,3 +122,49 @@ def test_warmup_leaves_process_groups_alone():
     run_ranks(_warmup_on_rank_zero, 2, "gloo", timeout_s=120)
     code = "import torch_sparse_decode as t, torch.distributed as d; t.warmup('cpu'); assert not d.is_initialized()"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def _mismatched_steps(rank: int, world_size: int, group) -> None:
+    """Ranks that disagree on the step's topk or row count raise the same ValueError on every
+    rank, on both paths, before any exchange (K = 100 and 110 share N = 96 and the rescue width,
+    so the exchange itself would have gone through, with 10 wrong ids)."""
+    x, lengths = mixed(world_size, 600, seed=3)
+    for local_topk in (None, 96):
+        assert dcp.dcp_merge_local_topk(100, 2) == dcp.dcp_merge_local_topk(110, 2) == 96
+        with pytest.raises(ValueError, match=r"disagree on the step \(rank 0: 4 rows, topk=100, rank 1: 4 rows, "
+                                             r"topk=110\)"):
+            dcp.dcp_topk_merge(x[rank], lengths[rank], 100 + 10 * rank, group, local_topk=local_topk)
+        rows = 4 - rank
+        with pytest.raises(ValueError, match=r"rank 0: 4 rows, topk=100, rank 1: 3 rows, topk=100"):
+            dcp.dcp_topk_merge(x[rank, :rows], lengths[rank, :rows], 100, group, local_topk=local_topk)
+    got = dcp.dcp_topk_merge(x[rank], lengths[rank], 100, group)  # then an agreed step is exact
+    assert torch.equal(got[0], oracle.dcp_global_topk(x, lengths, 100)[0])
+
+
+def test_mismatched_steps_raise_on_every_rank():
+    run_ranks(_mismatched_steps, 2, "gloo", timeout_s=120)
+
+
+def _late_rank(rank: int, world_size: int, group, path: str, late: str) -> None:
+    """With a step bound of 1 s (set at init), a rank that stalls 4 s or never calls: the rank
+    that waits raises DcpStepError within the bound; a stalled rank that calls later raises too
+    (its peer left the step). A group of its own keeps the world group's teardown clean."""
+    sub = dist.new_group(backend="gloo")
+    assert dcp.init_dcp_topk_merge(sub, 256, max_rows=8, timeout_s=1.0) == 0
+    kwargs = {"local_topk": dcp.dcp_merge_local_topk(256, world_size)} if path == "one-round" else {}
+    x, lengths = mixed(world_size, 600, seed=3)
+    dcp.local_topk_keys(x[rank], lengths[rank], world_size, rank, 256)  # an op's first call imports torch._dynamo
+    if rank == 1:
+        time.sleep(4)
+        if late == "never calls":
+            return
+    start = time.monotonic()
+    with pytest.raises(dcp.DcpStepError, match="did not complete within 1 s"):
+        dcp.dcp_topk_merge(x[rank], lengths[rank], 256, sub, **kwargs)
+    assert time.monotonic() - start < 3, (rank, time.monotonic() - start)
+
+
+@pytest.mark.parametrize("late", ["stalls", "never calls"])
+@pytest.mark.parametrize("path", ["generic", "one-round"])
+def test_a_late_rank_raises_within_the_step_bound(path, late):
+    run_ranks(_late_rank, 2, "gloo", path, late, timeout_s=120)

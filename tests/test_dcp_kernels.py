@@ -12,7 +12,9 @@ import torch
 
 import oracle
 from dcp_cases import canonical_rows as _canonical_rows
-from dcp_cases import mixed, reorder_slots, saturating, shuffled
+from dcp_cases import ascending_local_topk as _ascending_local_topk
+from dcp_cases import merge_step as _merge_step
+from dcp_cases import mixed, push_rows, simulated_group, reorder_slots, saturating, shuffled
 from inputs import KINDS, scores
 from torch_sparse_decode import dcp, reference
 
@@ -25,6 +27,7 @@ else:
 kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
 
 POISON = 0x5A5A5A5A
+NO_WAIT = 0x7FFFFFFFFFFFFFFF  # a workspace's state[3] between steps
 
 
 def _rounding_edges() -> torch.Tensor:
@@ -34,14 +37,6 @@ def _rounding_edges() -> torch.Tensor:
                          0x00000001, 0x80000001, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF],
                         dtype=torch.int64)
     return (bits - ((bits >> 31) << 32)).to(torch.int32).view(torch.float32)
-
-
-def _ascending_local_topk(x: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
-    """The engine's output on the GPU: the local top-K ids ascending, -1 padded."""
-    _, local, live = reference._local_topk(x, lengths, topk)
-    none = torch.iinfo(torch.int64).max
-    ids = torch.where(live, local, none).sort(dim=1).values
-    return torch.where(ids == none, -1, ids).to(torch.int32)
 
 
 def _pack(x, lengths, world_size, rank, topk):
@@ -226,28 +221,9 @@ def test_pack_through_the_engine(kind, dtype):
     assert torch.equal(rescue.cpu(), _canonical_rows(want_rescue, dcp.rescue_row_slots(topk)))
 
 
-def _simulated_group(world_size: int, topk: int, max_rows: int, timeout_s: float = 5.0,
-                     max_local_len: int = 1 << 17) -> list:
-    """W ranks' workspaces in one process: each rank's buffer a plain tensor, reached by address."""
-    n = dcp.dcp_merge_local_topk(topk, world_size)
-    words = kernels.Workspace.words(world_size, topk, n, max_rows)
-    buffers = [torch.zeros(words, dtype=torch.int32, device=DEVICE) for _ in range(world_size)]
-    addresses = [b.data_ptr() for b in buffers]
-    return [kernels.Workspace("simulated", buffers[r], addresses, world_size, r, topk, n, max_rows, timeout_s,
-                              max_local_len=max_local_len) for r in range(world_size)]
-
-
 def _push_all(group, x, lengths, topk):
     for rank, ws in enumerate(group):
-        kernels.push_rows(ws, _ascending_local_topk(x[rank], lengths[rank], topk).to(DEVICE), x[rank].to(DEVICE))
-
-
-def _merge_step(ws, rows, topk):
-    """One rank's merge of a step into poisoned outputs: (global ids, local ids, counts) on the CPU."""
-    outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=DEVICE) for _ in range(2)]
-    count = torch.full((rows,), -7, dtype=torch.int32, device=DEVICE)
-    kernels.merge_step(ws, outs[0], outs[1], count)
-    return outs[0].cpu(), outs[1].cpu(), count.cpu()
+        push_rows(ws, x[rank], lengths[rank], topk)
 
 
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
@@ -257,7 +233,7 @@ def test_exchange_step_over_simulated_ranks(world_size, topk):
     walk both parities with new inputs (saturating rows, then every-kind rows of other lengths)."""
     n = dcp.dcp_merge_local_topk(topk, world_size)
     widest = max(topk, 2 * n, 600 - 77) + 77 + 2  # the bitmaps sized to the widest step below, not to 2**17
-    group = _simulated_group(world_size, topk, max_rows=4, max_local_len=widest)
+    group = simulated_group(world_size, topk, max_rows=4, max_local_len=widest, device=DEVICE)
     assert group[0].bitmap_words == -(-world_size * widest // 32)
     for step in range(4):
         if step % 2 == 0:
@@ -272,18 +248,19 @@ def test_exchange_step_over_simulated_ranks(world_size, topk):
             assert torch.equal(got_global, want_global), where
             assert torch.equal(got_local, want_local[rank]), where
             assert torch.equal(got_count, want_count[rank]), where
-            assert ws.state[:3].tolist() == [step + 1, 0, 0], where  # advanced, reset, no error
+            assert ws.state.tolist() == [step + 1, 0, 0, NO_WAIT], where  # advanced, reset, no error, no wait
 
 
 def test_a_missing_peer_gives_no_ids_and_an_error():
     """Rank 1 never pushes: rank 0's rows come back empty (-1, count 0) with the error word set,
     and the step still advances. (Timeout 0 here: no wait, so the CPU interpreter needs no clock.)"""
-    group = _simulated_group(2, 256, max_rows=4, timeout_s=0.0)
+    group = simulated_group(2, 256, max_rows=4, timeout_s=0.0, device=DEVICE)
     x, lengths = mixed(2, 600, seed=9, kind="random")
-    kernels.push_rows(group[0], _ascending_local_topk(x[0], lengths[0], 256).to(DEVICE), x[0].to(DEVICE))
+    push_rows(group[0], x[0], lengths[0], 256)
     got_global, got_local, count = _merge_step(group[0], 4, 256)
     assert bool((got_global == -1).all()) and bool((got_local == -1).all()) and bool((count == 0).all())
-    assert group[0].failed() and group[0].state[:2].tolist() == [1, 0]
+    assert group[0].state[:2].tolist() == [1, 0]
+    assert group[0].take_error() == 1 << 1 and group[0].take_error() == 0  # rank 1 late, reported once
 
 
 def _check_rows_but(row, got, want, rank):
@@ -303,7 +280,7 @@ def test_a_unit_without_the_steps_tag_is_never_read(unit):
     timeout of 0), its other rows and rank 1's merge stay exact. The merge polls the last plane
     unit first, then checks every unit of every row it reads."""
     topk, row = 256, 2
-    group = _simulated_group(2, topk, max_rows=4, timeout_s=0.0)
+    group = simulated_group(2, topk, max_rows=4, timeout_s=0.0, device=DEVICE)
     x, lengths = mixed(2, 600, seed=5, kind="random")
     _push_all(group, x, lengths, topk)
     ws = group[0]
@@ -314,10 +291,10 @@ def test_a_unit_without_the_steps_tag_is_never_read(unit):
     ws.exchange[at + 1] = 0  # the tag of no step
     want = oracle.dcp_global_topk(x, lengths, topk)
     _check_rows_but(row, _merge_step(ws, x.shape[1], topk), want, 0)
-    assert ws.failed()
+    assert ws.take_error() == 1 << 1
     got = _merge_step(group[1], x.shape[1], topk)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1][1]) and torch.equal(got[2], want[2][1])
-    assert not group[1].failed()
+    assert group[1].take_error() == 0
 
 
 def test_a_rescue_row_without_the_steps_tag_is_never_read():
@@ -325,7 +302,7 @@ def test_a_rescue_row_without_the_steps_tag_is_never_read():
     buffers, so whichever rank row 1 rescues, its merge finds it not arrived: row 1 comes back
     empty with the error word set on both ranks, the other rows exact."""
     topk, row = 256, 1
-    group = _simulated_group(2, topk, max_rows=4, timeout_s=0.0)
+    group = simulated_group(2, topk, max_rows=4, timeout_s=0.0, device=DEVICE)
     n = dcp.dcp_merge_local_topk(topk, 2)
     x, lengths = saturating(2, topk, 2 * n + 77, seed=3)
     _push_all(group, x, lengths, topk)
@@ -334,4 +311,112 @@ def test_a_rescue_row_without_the_steps_tag_is_never_read():
     want = oracle.dcp_global_topk(x, lengths, topk)
     for rank, ws in enumerate(group):
         _check_rows_but(row, _merge_step(ws, x.shape[1], topk), want, rank)
-        assert ws.failed()
+        assert ws.take_error() != 0
+
+
+def test_a_peer_step_of_other_rows_is_told_apart():
+    """Rank 0's step has 4 rows, rank 1's 3. Rank 0's rows 0-2 see rank 1's units of this step
+    with another row count (bit 16 + 1), its row 3 nothing (late, bit 1); rank 1's rows see rank
+    0's step of 4 rows (bit 16). Every row comes back empty: no silent merge of another step's
+    rows. (Timeout 0: the row count shows without waiting.)"""
+    group = simulated_group(2, 256, max_rows=4, timeout_s=0.0, device=DEVICE)
+    x, lengths = mixed(2, 600, seed=9, kind="random")
+    push_rows(group[0], x[0], lengths[0], 256)
+    push_rows(group[1], x[1][:3], lengths[1][:3], 256)
+    for ws, rows, error in ((group[0], 4, 1 << 17 | 1 << 1), (group[1], 3, 1 << 16)):
+        got_global, got_local, count = _merge_step(ws, rows, 256)
+        assert bool((got_global == -1).all()) and bool((got_local == -1).all()) and bool((count == 0).all())
+        assert ws.take_error() == error, ws.rank
+        assert ws.state[0].item() == 1
+
+
+def test_a_step_after_a_failed_one_is_exact():
+    """Rank 1 misses step 0 (rank 0's merge gives up), then both ranks run steps 1 and 2: exact,
+    no error. A failed step does not poison the workspace."""
+    group = simulated_group(2, 256, max_rows=4, timeout_s=0.0, device=DEVICE)
+    x, lengths = mixed(2, 600, seed=9, kind="random")
+    push_rows(group[0], x[0], lengths[0], 256)
+    _merge_step(group[0], 4, 256)
+    assert group[0].take_error() == 1 << 1
+    group[1].state[0] = 1  # rank 1 skips step 0
+    for step in (1, 2):
+        x, lengths = mixed(2, 600, seed=step, kind="random")
+        _push_all(group, x, lengths, 256)
+        want = oracle.dcp_global_topk(x, lengths, 256)
+        for rank, ws in enumerate(group):
+            got = _merge_step(ws, 4, 256)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2][rank]), (step, rank)
+            assert ws.take_error() == 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="the step's clock (%globaltimer) runs on the GPU only")
+def test_one_bound_holds_for_the_whole_step():
+    """Rank 1 never calls: rank 0's step of 1200 rows (CTAs in several waves) gives up one bound
+    after its first wait began, not a bound per CTA, wave or rank, and names rank 1."""
+    import time
+
+    rows, timeout_s = 1200, 0.3
+    group = simulated_group(2, 256, max_rows=rows, timeout_s=timeout_s, device=DEVICE)
+    x, lengths = scores("random", (rows, 600), seed=1), torch.full((rows,), 600, dtype=torch.int32)
+    push_rows(group[0], x, lengths, 256)
+    torch.cuda.synchronize()
+    start = time.monotonic()
+    got_global, _, count = _merge_step(group[0], rows, 256)
+    elapsed = time.monotonic() - start
+    assert bool((got_global == -1).all()) and bool((count == 0).all())
+    assert group[0].take_error() == 1 << 1
+    assert timeout_s <= elapsed < 2 * timeout_s, elapsed
+    assert group[0].state[3].item() == NO_WAIT  # cleared for the next step
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="a stall needs two streams on the GPU")
+@pytest.mark.parametrize("stall_s,timeout_s", [(0.05, 5.0), (0.4, 0.05)])
+def test_a_stalled_rank(stall_s, timeout_s):
+    """Rank 1 pushes its rows ``stall_s`` late (another stream, behind a sleep) while rank 0's merge
+    waits: within the bound the answer is exact; past it rank 0 gets no ids and names rank 1,
+    and rank 1, merging later, still gets the exact answer (rank 0's rows were there)."""
+    topk = 256
+    group = simulated_group(2, topk, max_rows=4, timeout_s=timeout_s, device=DEVICE)
+    x, lengths = mixed(2, 600, seed=11, kind="random")
+    want = oracle.dcp_global_topk(x, lengths, topk)
+    push_rows(group[0], x[0], lengths[0], topk)
+    ids = _ascending_local_topk(x[1], lengths[1], topk).to(DEVICE)
+    late, waiting = torch.cuda.Stream(), torch.cuda.Stream()  # not the default stream, which waits for both
+    scores_1 = x[1].to(DEVICE)
+    torch.cuda.synchronize()
+    with torch.cuda.stream(late):
+        torch.cuda._sleep(int(stall_s * 2e9))  # ~2 GHz SM clock
+        kernels.push_rows(group[1], ids, scores_1)
+    with torch.cuda.stream(waiting):
+        got = _merge_step(group[0], 4, topk)
+    torch.cuda.synchronize()
+    if stall_s < timeout_s:
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2][0])
+        assert group[0].take_error() == 0
+    else:
+        assert bool((got[0] == -1).all()) and group[0].take_error() == 1 << 1
+    got = _merge_step(group[1], 4, topk)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2][1]) and group[1].take_error() == 0
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="compiled Triton kernels only")
+def test_the_step_pack_compiles_once_per_score_dtype():
+    """A step's pack takes scores of any width and offset: after one step per dtype no other
+    width (multiple of 16 or not, 1) or misaligned view compiles another variant, so
+    ``init_dcp_topk_merge``'s warm steps leave nothing to compile inside a graph capture."""
+    caches = getattr(kernels._pack_rows, "device_caches", None)
+    if caches is None:
+        pytest.skip("this Triton keeps its kernel cache elsewhere")
+    group = simulated_group(2, 256, max_rows=4, device=DEVICE)
+    device = torch.cuda.current_device()
+    for dtype in (torch.float32, torch.bfloat16):
+        wide = torch.randn(4, 1000, device=DEVICE).to(dtype)
+        for width, first in ((64, 0), (63, 0), (1, 0), (600, 1), (999, 1)):
+            x = wide[:, first:first + width]
+            ids = torch.full((4, 256), -1, dtype=torch.int32, device=DEVICE)
+            ids[:, :min(width, 256)] = torch.arange(min(width, 256), dtype=torch.int32, device=DEVICE)
+            kernels.push_rows(group[0], ids, x)
+            if (width, first) == (64, 0):
+                compiled = len(caches[device][0])
+                assert compiled > 0  # the cache this test reads is the one the launch filled
+        assert len(caches[device][0]) == compiled, dtype

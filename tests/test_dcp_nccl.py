@@ -8,7 +8,8 @@
   parities), under torch.compile(fullgraph=True), with steps too large for the workspace taking
   the generic merge, and with the NCCL transport (``local_topk=N``: packed and rescue rows
   all-gathered) on the same kernels; init fails closed when one rank lacks support; a peer that
-  never arrives gives a bounded wait, no ids and an error, not a hang.
+  never arrives gives a bounded wait, no ids and an error, not a hang;
+- ranks that disagree on the step's rows or topk, or come late, raise within the step bound.
 """
 
 import pytest
@@ -113,17 +114,59 @@ def _one_round_body(rank: int, world_size: int, group) -> None:
     assert dcp.init_dcp_topk_merge(group, 1024, max_rows=8) == 0
     dcp._local_support = real
 
-    # A peer that never comes: bounded wait, no ids, an error on the next check (own topk).
+    # A peer that never comes: bounded wait, no ids, and (eager) the step raises, naming rank 1.
     assert dcp.init_dcp_topk_merge(group, 512, max_rows=4, timeout_s=2.0) > 0
     dist.barrier(group=group)
     if rank == 0:
         x = torch.rand(2, 1000, device="cuda")
-        got = dcp.dcp_topk_merge(x, torch.full((2,), 1000, dtype=torch.int32, device="cuda"), 512, group)
-        assert bool((got[0] == -1).all()) and bool((got[2] == 0).all())
-        with pytest.raises(RuntimeError, match="did not arrive"):
-            dcp.dcp_topk_merge_check(group, 512)
+        with pytest.raises(dcp.DcpStepError, match=r"rank\(s\) 1 did not send their rows within 2 s"):
+            dcp.dcp_topk_merge(x, torch.full((2,), 1000, dtype=torch.int32, device="cuda"), 512, group)
+        dcp.dcp_topk_merge_check(group, 512)  # reported once
     dist.barrier(group=group)
 
 
 def test_one_round_two_gpus():
     run_ranks(_one_round_body, 2, "nccl", timeout_s=480)
+
+
+def _disagreeing_ranks_body(rank: int, world_size: int, group) -> None:
+    """Ranks that disagree on a step, or come late, raise within the step bound (1 s) on the
+    one-round path; on the generic path a mismatch raises on both ranks before any exchange."""
+    import time
+
+    for topk in (512, 640):
+        assert dcp.init_dcp_topk_merge(group, topk, max_rows=4, timeout_s=1.0) > 0
+    x, lengths = mixed(world_size, 3000, seed=1, kind="random")
+    mine = x[rank].cuda(), lengths[rank].cuda()
+
+    def raises(match, *args, bound=3.0, **kwargs):
+        start = time.monotonic()
+        with pytest.raises(dcp.DcpStepError, match=match):
+            dcp.dcp_topk_merge(*args, **kwargs)
+        assert time.monotonic() - start < bound, f"rank {rank}: {time.monotonic() - start:.1f} s"
+
+    # Another row count: seen at once by the rank with fewer rows, within the bound by the other.
+    rows = 4 - rank
+    raises(r"another row count", mine[0][:rows], mine[1][:rows], 512, group)
+    dist.barrier(group=group)
+    # Then an agreed step is exact on both.
+    _expect_k = oracle.dcp_global_topk(x, lengths, 512)[0]
+    assert torch.equal(dcp.dcp_topk_merge(*mine, 512, group)[0].cpu(), _expect_k)
+    # A rank that stalls 3 s: rank 0 raises within the bound; rank 1, late, gets the exact answer.
+    if rank == 1:
+        time.sleep(3)
+        assert torch.equal(dcp.dcp_topk_merge(*mine, 512, group)[0].cpu(), _expect_k)
+    else:
+        raises(r"rank\(s\) 1 did not send", *mine, 512, group)
+    dist.barrier(group=group)
+    # Generic path (topk 300 was never set up): a mismatch raises the same error on both ranks.
+    with pytest.raises(ValueError, match=r"disagree on the step \(rank 0: 4 rows, topk=300, rank 1: 4 rows, "
+                                         r"topk=301\)"):
+        dcp.dcp_topk_merge(*mine, 300 + rank, group)
+    # Another topk (each has a workspace): neither rank's rows reach the other. (Last: the two
+    # workspaces' steps no longer line up after it.)
+    raises(r"did not send their rows within 1 s", *mine, 512 + 128 * rank, group)
+
+
+def test_disagreeing_and_late_ranks_two_gpus():
+    run_ranks(_disagreeing_ranks_body, 2, "nccl", timeout_s=300)

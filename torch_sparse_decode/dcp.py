@@ -27,17 +27,21 @@ import torch.distributed as dist
 
 from . import ops
 from ._library import check_int
+from .reference import DcpStepError, check_step
 from .reference import all_gather_rows as _all_gather
 from .dcp_config import (
     _ONE_ROUND,
+    _TIMEOUT_S,
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
+    STEP_TIMEOUT_S,
     dcp_merge_local_topk,
     dcp_topk_merge_fits,
     dcp_topk_merge_max_rows,
     packed_row_words,
     rescue_row_slots,
     rescue_slots,
+    step_timeout_s,
     workspace_words,
 )
 
@@ -58,6 +62,8 @@ __all__ = [
     "init_dcp_topk_merge",
     "dcp_topk_merge",
     "dcp_topk_merge_check",
+    "DcpStepError",
+    "STEP_TIMEOUT_S",
 ]
 
 log = logging.getLogger(__name__)
@@ -258,7 +264,7 @@ def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local
 
 
 def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int | None = None,
-                        timeout_s: float = 30.0) -> int:
+                        timeout_s: float = STEP_TIMEOUT_S) -> int:
     """Set up the one-round merge for ``group``; return its N, or 0 to keep the generic merge.
 
     Collective: every rank calls it, in the same order, with the same arguments, before any CUDA
@@ -266,12 +272,13 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     rank raises ValueError on every rank, naming it; if any rank cannot have the one-round merge
     (W = 1 or > 16, not a CUDA group, no peer access, ``max_local_len`` beyond 2**17), every rank
     returns 0: fail closed, never lossy. Then the symmetric-memory workspace for ``max_rows`` rows
-    is allocated and rendezvoused (a failure there is fatal, as for any collective) and one step
-    runs to compile the kernels. Steps of up to ``max_rows`` rows and ``max_local_len`` local
-    tokens (default 2**17) take the one-round merge. A step
-    whose wait for a peer exceeds ``timeout_s`` writes no ids and records an error that
-    ``dcp_topk_merge_check`` raises. Calling it again for the same group and topk
-    returns the agreed value.
+    is allocated and rendezvoused (a failure there is fatal, as for any collective), every kernel
+    variant a step can take is compiled, and steps run to prove the exchange. Steps of up to
+    ``max_rows`` rows and ``max_local_len`` local tokens (default 2**17) take the one-round merge.
+
+    ``timeout_s`` bounds each later step's waits for its peers, on either path (see
+    ``dcp_topk_merge``). Calling it again for the same group and topk with the same arguments
+    returns the agreed value; with others it raises.
     """
     group = group if group is not None else dist.group.WORLD
     name = group.group_name
@@ -292,6 +299,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         except Exception as err:
             supported, why = False, f"support check failed: {type(err).__name__}: {err}"
     agreed = _agree(group, supported, error, max_rows, max_local_len, topk)
+    _TIMEOUT_S[(name, topk)] = float(timeout_s)
     local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
     if local_topk:
         from .kernels import dcp as kernels
@@ -301,12 +309,11 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s,
             max_local_len or 1 << LOCAL_INDEX_BITS)
         _ONE_ROUND[(name, topk)] = (local_topk, max_rows)
-        # Steps in lockstep on every rank: compile the kernels (both score dtypes: no compile may
-        # happen inside a graph capture) and prove the exchange.
+        kernels.warm_step(world_size, topk)  # no compile may happen inside a graph capture
+        # Steps in lockstep on every rank, both score dtypes: they prove the exchange.
         for dtype in (torch.float32, torch.bfloat16):
             warm = torch.zeros(1, 64, dtype=dtype, device=device)
             dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
-        dcp_topk_merge_check(group, topk)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
     _INIT[(name, topk)] = (local_topk, arguments)
@@ -328,6 +335,22 @@ def dcp_topk_merge(
     up, steps of at most its ``max_rows`` rows and ``max_local_len`` local tokens take the
     one-round merge; every other step the generic merge, bit-identical.
 
+    Every rank must call it with the same ``topk`` and row count. Each step's waits for its peers
+    are bounded by the ``timeout_s`` given to ``init_dcp_topk_merge`` (default
+    ``STEP_TIMEOUT_S``, 5 s):
+
+    - one-round: the kernel stops waiting at the bound and writes no ids (-1, count 0) for the
+      rows it lacks; a peer whose step has another row count is seen at once. Outside graph
+      capture this call then raises (``dcp_topk_merge_check``), naming the ranks; in a captured
+      step call ``dcp_topk_merge_check`` between replays.
+    - generic (and the CPU path with ``local_topk``): outside graph capture the ranks first
+      exchange (rows, topk) and raise the same ValueError on every rank when they differ; a wait
+      past the bound raises ``DcpStepError``. In a captured step the bound is the process group's
+      own timeout.
+
+    A rank that arrives late after its peers gave up still gets the exact answer (its peers' rows
+    were there); the ranks that waited raise.
+
     Args:
         scores: this rank's local indexer scores, fp32/bf16 [T, L].
         lengths: int32 [T] local valid lengths.
@@ -342,23 +365,41 @@ def dcp_topk_merge(
     if local_topk:
         if local_topk != dcp_merge_local_topk(topk, world_size):
             raise ValueError(f"local_topk must be 0 or dcp_merge_local_topk({topk}, {world_size}), got {local_topk}")
+        timeout_s = step_timeout_s(group.group_name, topk)
+        check_step(group, _rows(scores, "scores", 2), topk, timeout_s, scores.device)
         packed, rescue = pack_candidates(scores, lengths, world_size, rank, topk)
-        return merge_packed(_all_gather(packed, group), _all_gather(rescue, group), topk, rank)
-    global_ids, local_ids, local_count = _merge_outputs(scores.shape[0], topk, scores.device)
+        return merge_packed(_all_gather(packed, group, timeout_s), _all_gather(rescue, group, timeout_s), topk, rank)
+    global_ids, local_ids, local_count = _merge_outputs(_rows(scores, "scores", 2), topk, scores.device)
     torch.ops.sparse_decode.dcp_topk_merge(scores, lengths, topk, group.group_name, global_ids, local_ids,
                                            local_count)
+    if scores.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+        dcp_topk_merge_check(group, topk)
     return global_ids, local_ids, local_count
 
 
+def _ranks(bits: int) -> str:
+    return ", ".join(str(r) for r in range(MAX_WORLD_SIZE) if bits >> r & 1)
+
+
 def dcp_topk_merge_check(group=None, topk: int | None = None) -> None:
-    """Raise if a one-round step of ``group`` timed out waiting for a peer (reads device memory:
-    call it between decode steps, outside graph capture)."""
+    """Raise ``DcpStepError`` if a one-round step of ``group`` since the last check lacked a peer's
+    rows, naming the ranks (reads device memory: call it between decode steps, outside graph
+    capture). The error is reported once."""
     group = group if group is not None else dist.group.WORLD
+    if not any(name == group.group_name for name, _ in _ONE_ROUND):
+        return
     from .kernels import dcp as kernels
 
     for (name, k), ws in kernels.WORKSPACES.items():
-        if name == group.group_name and (topk is None or k == topk) and ws.failed():
-            raise RuntimeError(
-                f"DCP top-k merge (group {name}, topk {k}): a peer's packed rows did not arrive within "
-                f"{ws.timeout_ns / 1e9:.0f} s; the affected rows returned no ids"
-            )
+        if name != group.group_name or (topk is not None and k != topk):
+            continue
+        error = ws.take_error()
+        if error:
+            why = []
+            if error & 0xFFFF:
+                why.append(f"rank(s) {_ranks(error & 0xFFFF)} did not send their rows within {ws.timeout_ns / 1e9:g} s "
+                           "(stalled, never called, or called with another topk)")
+            if error >> 16:
+                why.append(f"rank(s) {_ranks(error >> 16)} sent a step with another row count")
+            raise DcpStepError(f"dcp_topk_merge (group {name}, topk {k}, rank {ws.rank}): {'; '.join(why)}; the "
+                              "affected rows returned no ids")

@@ -19,6 +19,16 @@ _WARP = 32
 # (group name, topk) -> (local_topk, max_rows) of each group set up by init_dcp_topk_merge.
 _ONE_ROUND: dict[tuple[str, int], tuple[int, int]] = {}
 
+# The bound on one dcp_topk_merge step's waits for its peers, unless init_dcp_topk_merge set another.
+STEP_TIMEOUT_S = 5.0
+# (group name, topk) -> the step bound init_dcp_topk_merge was given.
+_TIMEOUT_S: dict[tuple[str, int], float] = {}
+
+
+def step_timeout_s(group_name: str, topk: int) -> float:
+    """Seconds a step of ``group_name`` at ``topk`` waits for its peers before it raises."""
+    return _TIMEOUT_S.get((group_name, topk), STEP_TIMEOUT_S)
+
 
 def dcp_merge_local_topk(topk: int, world_size: int) -> int:
     """Per-rank candidate count N: 1.5x the fair share ``topk / world_size``, warp-aligned.

@@ -287,13 +287,46 @@ def dcp_merge_generic(
 _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def all_gather_rows(tensor: torch.Tensor, group) -> torch.Tensor:
-    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective."""
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def all_gather_rows(tensor: torch.Tensor, group, timeout_s: float | None = None) -> torch.Tensor:
+    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective. With
+    ``timeout_s`` (outside graph capture) the host waits at most that long, then raises."""
     world_size = dist.get_world_size(group)
     # Stacked along dim 0, the layout every backend (gloo included) accepts.
     out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
-    _all_gather_single(out, tensor.contiguous(), group=group)
+    if timeout_s is None or _capturing():
+        _all_gather_single(out, tensor.contiguous(), group=group)
+    else:
+        import datetime
+
+        work = _all_gather_single(out, tensor.contiguous(), group=group, async_op=True)
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
+        except RuntimeError as err:
+            raise DcpStepError(f"the exchange did not complete within {timeout_s:g} s: a rank of the group stalled, "
+                              f"never called, or called with another topk or row count ({err})") from None
     return out.view((world_size,) + tuple(tensor.shape))
+
+
+class DcpStepError(RuntimeError):
+    """A DCP step lacked a peer's rows: its wait ran past the step's bound (``init_dcp_topk_merge``'s
+    ``timeout_s``), or a peer's step had another row count."""
+
+
+def check_step(group, rows: int, topk: int, timeout_s: float, device: torch.device) -> None:
+    """Before a step's exchange (outside graph capture): every rank's (rows, topk), gathered with
+    the step's bound, must be this rank's. A mismatch raises the same ValueError on every rank; a
+    late rank, ``DcpStepError``."""
+    if _capturing():  # the shapes were fixed, and checked, before capture
+        return
+    every = all_gather_rows(torch.tensor([[rows, topk]], dtype=torch.int64, device=device), group, timeout_s)
+    every = every.view(-1, 2).tolist()
+    if any(pair != every[0] for pair in every):
+        shown = ", ".join(f"rank {r}: {t} rows, topk={k}" for r, (t, k) in enumerate(every))
+        raise ValueError(f"dcp_topk_merge: the ranks of the group disagree on the step ({shown})")
 
 
 def dcp_topk_merge(
@@ -306,11 +339,16 @@ def dcp_topk_merge(
     local_count: torch.Tensor,
 ) -> None:
     """The full DCP step on this rank, generic merge: all-gather every rank's local top-K keys over
-    the process group named ``group_name`` (any backend), then merge them."""
+    the process group named ``group_name`` (any backend), then merge them. Outside graph capture
+    the ranks first check that they agree on the step, and each wait is bounded."""
     from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from .dcp_config import step_timeout_s
 
     group = _resolve_process_group(group_name)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
+    timeout_s = step_timeout_s(group_name, topk)
+    check_step(group, scores.shape[0], topk, timeout_s, scores.device)
     keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)
     dcp_local_keys(scores, lengths, world_size, rank, topk, keys)
-    dcp_merge_generic(all_gather_rows(keys, group), rank, global_ids, local_ids, local_count)
+    dcp_merge_generic(all_gather_rows(keys, group, timeout_s), rank, global_ids, local_ids, local_count)

@@ -39,6 +39,7 @@ from .. import reference
 from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words, rescue_row_slots, workspace_words
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
+NO_WAIT = tl.constexpr(0x7FFFFFFFFFFFFFFF)  # state[3] while no wait of the step has begun
 WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
 MERGE_WARPS = 8  # warps per Triton merge program (one row)
 # The merge on CUDA tensors: "cute" (kernels/dcp_merge.py, shipped) or "triton" (``_dcp_merge``,
@@ -133,7 +134,7 @@ def _store_packed(out, pos, word, take, slot, need, planes, plane_words, tag, N:
     _store_words(out, N + planes, plane_words, planes < N // 32, tag, TAGGED)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["scores_stride"], do_not_specialize_on_alignment=["scores"])
 def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, parity_packed, parity_rescue,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
@@ -144,7 +145,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     and among equal ord16 the first ones in the row are the lower ids (the merge's tie order).
     EXCHANGE: both rows go to this rank's symmetric buffer at the step's parity, then the packed
     row is stored into every peer's buffer (same offset), every word as an 8-byte unit tagged
-    with the step's sequence number: no flag and no release fence (a system-scope fence waits for
+    with the step's tag (``_step_tag``): no flag and no release fence (a system-scope fence waits for
     the remote stores' round trip); readers poll the tags. EARLY_MERGE: the step's merge
     (launched as a programmatic dependent) may start now; it orders itself by the tags."""
     if EARLY_MERGE:
@@ -154,7 +155,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     if EXCHANGE:
         seq = tl.load(state)
         parity = seq & 1
-        tag = (seq & 0x7FFFFFFF) + 1
+        tag = _step_tag(seq)
         packed += parity * parity_packed
         rescue += parity * parity_rescue
     slot = tl.arange(0, SLOTS)
@@ -390,12 +391,13 @@ def _emit(k16, gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, sc
 
 @triton.jit
 def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, local_ids, local_count, K, rank,
-               want, timeout_ns, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr,
+               want, timeout_ns, state, W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr,
                R: tl.constexpr, KP2: tl.constexpr, WORDS: tl.constexpr, UNIT: tl.constexpr):
     """Merge one row: ``sent`` = its [W, words] B' rows, rank r's rescue row at ``peers[r] + rescue_at``;
     ``scratch`` = 2 * WORDS words (zero), the outputs already offset to the row. UNIT == 2: a
     step's tagged rows (the sent ones arrived; a saturated rank's rescue row is waited for with
-    ``want`` and ``timeout_ns``). Whether every row needed arrived (if not, nothing is written)."""
+    ``want`` and ``timeout_ns``). The error word's bits of the rows that did not arrive (then
+    nothing is written), else 0."""
     k16, gid = _sent_keys(sent, sent_rank_stride, W, WP2, N, NP2, UNIT)
     nobody = tl.arange(0, WP2) < 0
     flat16 = tl.reshape(k16, (WP2 * NP2,))
@@ -407,13 +409,13 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
     # key above the K-th), and rescuing a rank that did not need it is exact, only slower.
     lowest = tl.min(tl.where(tl.arange(0, NP2)[None, :] < N, k16, 1 << 16), axis=1)
     sat = (lowest >= t16) & (count > 0)
-    ok = tl.full((), 1, tl.int32)
+    error = tl.full((), 0, tl.int32)
     if tl.sum(sat.to(tl.int32)) > 0:
         if UNIT == 2:
             for r in range(W):
                 if _flag(sat, r):
-                    ok &= _wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns)
-        if ok != 0:
+                    error |= _error_bits(_wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns, state), r)
+        if error == 0:
             t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False,
                                           UNIT)
             _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
@@ -421,9 +423,9 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
     else:
         _emit(flat16, flat_gid, sent, sent_rank_stride, peers, rescue_at, sat, t16, ties, scratch, global_ids,
               W, N, R, WORDS, True, UNIT)
-    if ok != 0:
+    if error == 0:
         _finish_row(global_ids, local_ids, local_count, count, K, rank, W, KP2)
-    return ok
+    return error
 
 
 @triton.jit
@@ -448,35 +450,60 @@ def _now():
 
 
 @triton.jit
-def _tags_seen(units, mask, want):
-    """Whether every (masked) tagged unit at ``units`` (int32 word pointers) carries the tag ``want``."""
-    tags = tl.load(units + 1, mask=mask, other=0, volatile=True)
-    return (tl.sum((mask & (tags != want)).to(tl.int32)) == 0).to(tl.int32)
+def _step_tag(seq):
+    """A step's tag: its sequence number (15 bits) and its row count (the grid), never 0, so a
+    reader tells a unit of this step from one of an earlier step or of a peer's step of other rows."""
+    return (((seq & 0x7FFF) << 16) | tl.num_programs(0)).to(tl.int32)
+
+
+# A unit's arrival: ARRIVED, LATE (not yet there, or the wait ran out), OTHER_ROWS (of this step
+# but sent by a peer whose step has another row count: no wait makes it right).
+ARRIVED = tl.constexpr(0)
+LATE = tl.constexpr(1)
+OTHER_ROWS = tl.constexpr(2)
 
 
 @triton.jit
-def _wait_row(row, units, want, timeout_ns):
-    """Poll a tagged row's first ``units`` units until each carries ``want`` or a chunk's wait ran
-    past ``timeout_ns``: 1 if they all did, else 0."""
-    ok = tl.full((), 1, tl.int32)
+def _arrival(units, mask, want):
+    """The arrival of the (masked) tagged units at ``units`` (int32 word pointers), tag ``want``."""
+    tags = tl.load(units + 1, mask=mask, other=want, volatile=True)
+    other_rows = ((tags >> 16) == (want >> 16)) & ((tags & 0xFFFF) != 0) & (tags != want)
+    missing = tl.sum((tags != want).to(tl.int32))
+    return tl.where(tl.sum(other_rows.to(tl.int32)) > 0, OTHER_ROWS, tl.where(missing > 0, LATE, ARRIVED))
+
+
+@triton.jit
+def _wait_row(row, units, want, timeout_ns, state):
+    """Poll a tagged row's first ``units`` units until each carries ``want``, for at most
+    ``timeout_ns`` after the step's first wait began (``state[3]``, so one bound holds for the whole
+    step however many rows and ranks wait): its arrival (ARRIVED, LATE or OTHER_ROWS)."""
+    arrival = tl.full((), 0, tl.int32)
     for start in range(0, units, CHUNK):
         at = row + 2 * (start + tl.arange(0, CHUNK))
         inside = start + tl.arange(0, CHUNK) < units
-        seen = _tags_seen(at, inside, want)
-        if (seen == 0) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
-            begin = _now()
-            while (seen == 0) & (_now() - begin < timeout_ns):
-                seen = _tags_seen(at, inside, want)
-        ok &= seen
-    return ok
+        seen = _arrival(at, inside, want)
+        if (seen == LATE) & (timeout_ns > 0):  # the clock is read only when waiting (the CPU interpreter has none)
+            now = _now()
+            begin = tl.minimum(tl.atomic_min(state + 3, now), now)
+            while (seen == LATE) & (_now() - begin < timeout_ns):
+                seen = _arrival(at, inside, want)
+        arrival = tl.maximum(arrival, seen)
+    return arrival
+
+
+@triton.jit
+def _error_bits(arrival, r):
+    """The error word's bits for rank r's arrival: bit r late, bit 16 + r another row count."""
+    return tl.where(arrival == OTHER_ROWS, 1 << (16 + r), tl.where(arrival == LATE, 1 << r, 0))
 
 
 @triton.jit
 def _advance_step(state):
     """The last row's program to finish advances the step (every program has read the sequence
-    by then)."""
+    by then) and clears the step's first wait time."""
     if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
         tl.store(state + 1, 0)
+        tl.store(state + 3, NO_WAIT)
         tl.store(state, tl.load(state) + 1)
 
 
@@ -488,36 +515,36 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
                KP2: tl.constexpr, WORDS: tl.constexpr, EXCHANGE: tl.constexpr):
     """One program per row. EXCHANGE: the rows sit in this rank's symmetric buffer at the step's
     parity as tagged units; wait (bounded) until every rank's row of this row carries the step's
-    tag, merge, and the last program advances the step. On a timeout the row gets no ids (-1,
-    count 0) and ``state[2]`` records the error."""
+    tag, merge, and the last program advances the step. A row whose rows did not arrive gets no
+    ids (-1, count 0), and ``state[2]`` records which ranks' (``_error_bits``)."""
     row = tl.program_id(0).to(tl.int64)
     global_ids += row * out_stride
     local_ids += row * out_stride
     local_count += row
     sent = gathered + row * gathered_row_stride
-    ok = tl.full((), 1, tl.int32)
+    error = tl.full((), 0, tl.int32)
     want = 0
     if EXCHANGE:
         seq = tl.load(state)
         parity = seq & 1
         sent += parity * parity_gathered
         rescue_at = rescue_offset + parity * parity_rescue + row * rescue_row_stride
-        want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
+        want = _step_tag(seq)
         for r in range(W):
-            ok &= _wait_row(sent + r * gathered_rank_stride, N + N // 32, want, timeout_ns)
+            error |= _error_bits(_wait_row(sent + r * gathered_rank_stride, N + N // 32, want, timeout_ns, state), r)
         tl.debug_barrier()  # every thread reads the rows after they were seen
     else:
         rescue_at = row * rescue_row_stride
-    if ok != 0:
-        ok = _merge_row(sent, gathered_rank_stride, peers, rescue_at, scratch + row * scratch_stride, global_ids,
-                        local_ids, local_count, K, rank, want, timeout_ns, W, WP2, N, NP2, R, KP2, WORDS,
-                        2 if EXCHANGE else 1)
-    if ok == 0:
+    if error == 0:
+        error = _merge_row(sent, gathered_rank_stride, peers, rescue_at, scratch + row * scratch_stride, global_ids,
+                           local_ids, local_count, K, rank, want, timeout_ns, state, W, WP2, N, NP2, R, KP2, WORDS,
+                           2 if EXCHANGE else 1)
+    if error != 0:
         slot = tl.arange(0, KP2)
         tl.store(global_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
         tl.store(local_ids + slot, tl.full((KP2,), -1, tl.int32), mask=slot < K)
         tl.store(local_count, 0)
-        tl.atomic_or(state + 2, 1)
+        tl.atomic_or(state + 2, error.to(tl.int64))
     if EXCHANGE:
         _advance_step(state)
 
@@ -589,6 +616,20 @@ def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) 
     merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
 
 
+def warm_step(world_size: int, topk: int) -> None:
+    """Compile every kernel variant a one-round step of (W, K) can take, from fake tensors: the
+    engine's ord16 selection at each cluster size and score dtype, and the step's merge. (The
+    pack, one Triton variant per score dtype, compiles in ``init_dcp_topk_merge``'s warm steps.)"""
+    from . import topk as engine
+    from .dcp_merge import compiled
+
+    for ranks in engine.CLUSTER_SIZES:
+        for dtype in (torch.float32, torch.bfloat16):
+            engine.compiled(dtype, False, ranks, ord16=True)
+    if MERGE_KERNEL == "cute":
+        compiled(world_size, topk, True)
+
+
 def warm(device: torch.device) -> None:
     """Compile the simulated pack and merge at the decode shape (W = 2, K = 2048, fp32 and bf16).
     A group's one-round step compiles in ``init_dcp_topk_merge``'s warm steps."""
@@ -624,8 +665,9 @@ class Workspace:
     ``exchange [2 parities][W ranks][max_rows][2 * packed words]`` (peers push their packed rows
     here), ``rescue [2][max_rows][2 * rescue words]`` (this rank's local top-K, read by peers).
     A reader knows a unit of the step has arrived when it carries the step's tag (the buffer
-    starts zeroed; tags are >= 1 and a parity's tag changes every other step). ``state`` (local
-    int64) holds the step sequence, the rows merged so far this step, and the error word. The
+    starts zeroed; a tag is never 0 and a parity's tag changes every other step). ``state`` (local
+    int64) holds the step sequence, the rows merged so far this step, the error word (``error``)
+    and when the step's first wait began (the step's waits end ``timeout_s`` after it). The
     kernels advance the sequence, so CUDA graph replays walk the parities too."""
 
     def __init__(self, group_name: str, buffer: torch.Tensor, buffers: list[int], world_size: int, rank: int,
@@ -644,7 +686,7 @@ class Workspace:
         self.rescue_offset = 2 * self.exchange_parity
         device = buffer.device
         self.peers = torch.tensor(buffers, dtype=torch.int64, device=device)
-        self.state = torch.zeros(4, dtype=torch.int64, device=device)
+        self.state = torch.tensor([0, 0, 0, NO_WAIT.value], dtype=torch.int64, device=device)
         self.exchange = buffer[: self.rescue_offset]
         self.own_rows = buffer[rank * max_rows * self.packed_words:]
         self.rescue = buffer[self.rescue_offset:]
@@ -666,9 +708,14 @@ class Workspace:
                                        device=self.buffer.device)
         return self.scratch
 
-    def failed(self) -> bool:
-        """Whether a wait for a peer ran out (host sync: call outside captured steps)."""
-        return bool(self.state[2].item())
+    def take_error(self) -> int:
+        """The error word since the last call, then cleared (host sync: call outside captured
+        steps): bit r, rank r's rows did not arrive in time; bit 16 + r, rank r's step had
+        another row count."""
+        error = int(self.state[2].item()) & 0xFFFFFFFF
+        if error:
+            self.state[2] = 0
+        return error
 
 
 def _bitmap_words(world_size: int, local_len: int = 1 << LOCAL_INDEX_BITS) -> int:

@@ -23,8 +23,11 @@ One CTA of 1024 threads per row, everything between the rows and the outputs in 
   pack's start: its launch and setup overlap the pack, and the tags (not the stream) order it
   after every rank's rows. (Nothing else it reads is written by the pack: the step counter is
   advanced by the previous step's merge, and the kernels before the pack finished before it.)
-- A step's last CTA advances the step counter (the buffers' parity and the tag); a timed-out
-  wait writes no ids (-1, count 0) and sets the error word.
+- A step's tag holds its sequence number and row count, so a peer's step of other rows is told
+  apart at once. Every wait of a step ends ``timeout_ns`` after the step's first wait began
+  (``state[3]``). A row whose rows did not arrive gets no ids (-1, count 0) and sets its ranks'
+  bits in the error word (late, or another row count); the step's last CTA advances the step
+  counter (the buffers' parity and the tag).
 
 Why CuTe DSL: the merge is a chain of CTA-wide steps on a few thousand keys (latency, not
 bandwidth); shared-memory atomics, warp votes and one-warp scans make each step a barrier or two,
@@ -59,8 +62,10 @@ PHASES = ("wait + clear", "load", "high digit", "low digit", "saturation", "set 
           "local ids")
 
 
-# info slots (shared): digit found, keys above it, keys wanted, the wait's result, the highest live id
-DIGIT, ABOVE, NEED, ARRIVED, TOP = range(5)
+# info slots (shared): digit found, keys above it, keys wanted, the error word's bits of the rows
+# that did not arrive (0: all did), the highest live id
+DIGIT, ABOVE, NEED, LATE, TOP = range(5)
+NO_WAIT = 0x7FFFFFFFFFFFFFFF  # state[3] while no wait of the step has begun
 
 
 @cute.jit
@@ -106,6 +111,29 @@ def load_unit(base: Int64, j: Int32) -> Int64:
 @cute.jit
 def tag_of(unit: Int64) -> Int32:
     return Int32(unit >> 32)
+
+
+@cute.jit
+def step_tag(seq: Int64, rows: Int32) -> Int32:
+    """A step's tag (as the pack writes it): the sequence's low 15 bits, then the row count."""
+    return (Int32(seq & Int64(0x7FFF)) << 16) | rows
+
+
+@cute.jit
+def of_no_step(tag: Int32, want: Int32):
+    """Whether a unit with ``tag`` is not of the step that wants ``want`` (yet): an earlier step's,
+    or never written. Another tag than ``want`` that is of the step comes from a peer whose step
+    has another row count: waiting will not change it."""
+    return ((tag >> 16) != (want >> 16)) | ((tag & Int32(0xFFFF)) == Int32(0))
+
+
+@cute.jit
+def wait_began(state: cute.Tensor) -> Int64:
+    """When the step's first wait began (now, if this is it): every wait of a step ends one bound
+    after it, whatever the rows, ranks and waves of CTAs."""
+    now = cute.arch.globaltimer()
+    first = cute.arch.atomic_min(state.iterator + 3, now)
+    return cutlass.select_(first < now, first, now)
 
 
 @cute.jit
@@ -215,7 +243,7 @@ class DcpMerge:
             if ((saturated >> r) & 1) != 0:
                 base = peers[r] + Int64(rescue_at) * 4
                 for u in range(tid, self.R + self.R // 32, THREADS):
-                    self.word(base, u, src)
+                    self.word(base, u, src, r)
 
     # ------------------------------------------------------------------------------ steps
 
@@ -356,19 +384,21 @@ class DcpMerge:
         return Int64((gathered.iterator + at).toint())
 
     @cute.jit
-    def word(self, base: Int64, j: Int32, src) -> Int32:
-        """Word j of the B' row at ``base``; in a step (tagged units) once its unit carries the
-        step's tag, polled up to the timeout (then info[ARRIVED] = 0 and the word reads 0)."""
+    def word(self, base: Int64, j: Int32, src, r) -> Int32:
+        """Word j of rank r's B' row at ``base``; in a step (tagged units) once its unit carries
+        the step's tag, polled up to the step's bound (else info[LATE] gets rank r's bit, one for
+        late or one for another row count, and the word reads 0)."""
         if cutlass.const_expr(self.exchange):
-            want, timeout_ns, info = src[6], src[7], src[8]
+            want, timeout_ns, info, state = src[6], src[7], src[8], src[9]
             unit = load_unit(base, j)
             if tag_of(unit) != want:
-                start = cute.arch.globaltimer()
-                while (tag_of(unit) != want) & (cute.arch.globaltimer() - start < timeout_ns) & (
-                        info[ARRIVED] == self.W):
+                start = wait_began(state)
+                while of_no_step(tag_of(unit), want) & (cute.arch.globaltimer() - start < timeout_ns) & (
+                        info[LATE] == 0):
                     unit = load_unit(base, j)
                 if tag_of(unit) != want:
-                    info[ARRIVED] = Int32(0)
+                    bit = cutlass.select_(of_no_step(tag_of(unit), want), Int32(1) << r, Int32(1) << (16 + r))
+                    cute.arch.atomic_or(info.iterator + LATE, bit)
                     unit = Int64(0)
             return Int32(unit)
         else:
@@ -379,7 +409,7 @@ class DcpMerge:
                   gids: cute.Tensor, tid: Int32) -> Int32:
         """The sent rows' words of this thread's slots (tid, tid + THREADS, ...; the W rows laid end
         to end) into ``keys`` and their plane words into ``gids``, every load in flight before the
-        first use. In a step: whether any unit lacked the step's tag (1) or not (0)."""
+        first use. In a step: the ranks (a bit each) whose units lacked the step's tag."""
         late = Int32(0)
         for i in cutlass.range_constexpr(self.per):
             f = min(i * THREADS + tid, Int32(self.W * self.N - 1))
@@ -392,7 +422,7 @@ class DcpMerge:
                 plane = load_unit(base, self.N + j // 32)
                 keys[i] = Int32(unit)
                 gids[i] = Int32(plane)
-                late = late | Int32(tag_of(unit) != want) | Int32(tag_of(plane) != want)
+                late = late | (Int32((tag_of(unit) != want) | (tag_of(plane) != want)) << r)
             else:
                 keys[i] = gathered[at + j]
                 gids[i] = gathered[at + self.N + j // 32]
@@ -428,7 +458,7 @@ class DcpMerge:
             lowest[tid] = Int32(0x7FFFFFFF)
         if tid == 0:
             info[TOP] = Int32(-1)
-            info[ARRIVED] = Int32(self.W)
+            info[LATE] = Int32(0)
 
         sent_at = row * row_stride
         rescue_at = row * rescue_row_stride
@@ -438,12 +468,13 @@ class DcpMerge:
             parity = Int32(seq & Int64(1))
             sent_at = sent_at + parity * parity_gathered
             rescue_at = rescue_offset + parity * parity_rescue + rescue_at
-            want = Int32((seq & Int64(0x7FFFFFFF)) + Int64(1))
-        src = (gathered, sent_at, rank_stride, peers, rescue_at, Int32(0), want, timeout_ns, info)
+            rows, _, _ = cute.arch.grid_dim()
+            want = step_tag(seq, Int32(rows))
+        src = (gathered, sent_at, rank_stride, peers, rescue_at, Int32(0), want, timeout_ns, info, state)
         if cutlass.const_expr(self.exchange):
             if tid < self.W:  # one thread a rank polls its row's last unit (stored last) first
                 self.word(self.row_base(gathered, sent_at + tid * rank_stride), Int32(self.N + self.N // 32 - 1),
-                          src)
+                          src, tid)
         cute.arch.sync_threads()
         self.mark(marks, "wait + clear")
 
@@ -451,18 +482,18 @@ class DcpMerge:
         # W rows laid end to end (a warp's 32 slots are in one rank's row: N % 32 == 0).
         keys = cute.make_rmem_tensor(self.per, Int32)  # the words, then the keys
         gids = cute.make_rmem_tensor(self.per, Int32)  # the plane words, then the global ids
-        if info[ARRIVED] == self.W:
+        if info[LATE] == 0:
             late = self.load_sent(gathered, sent_at, rank_stride, want, keys, gids, tid)
             if late != 0:  # a unit of the step was not there yet: poll until it is, or the time is up
-                start = cute.arch.globaltimer()
+                start = wait_began(state)
                 while (late != 0) & (cute.arch.globaltimer() - start < timeout_ns):
                     late = self.load_sent(gathered, sent_at, rank_stride, want, keys, gids, tid)
                 if late != 0:
-                    info[ARRIVED] = Int32(0)
+                    cute.arch.atomic_or(info.iterator + LATE, late)
         if cutlass.const_expr(self.exchange):
             cute.arch.sync_threads()  # every thread has seen its units (or the time ran out)
 
-        if info[ARRIVED] == self.W:
+        if info[LATE] == 0:
             for i in cutlass.range_constexpr(self.per):
                 f = i * THREADS + tid
                 inside = f < self.W * self.N
@@ -500,13 +531,13 @@ class DcpMerge:
             self.mark(marks, "local ids")
         if cutlass.const_expr(self.exchange):
             cute.arch.sync_threads()  # a rescue row's wait may have run out in any thread
-        if info[ARRIVED] != self.W:  # a peer's rows never came: no ids, and the error word
+        if info[LATE] != 0:  # a peer's rows never came: no ids, and the error word
             for j in range(tid, self.K, THREADS):
                 global_ids[row, j] = Int32(-1)
                 local_ids[row, j] = Int32(-1)
             if tid == 0:
                 local_count[row] = Int32(0)
-                cute.arch.atomic_or(state.iterator + 2, Int64(1))
+                cute.arch.atomic_or(state.iterator + 2, Int64(info[LATE]))
 
         if cutlass.const_expr(self.exchange):  # the step's last CTA advances it
             cute.arch.sync_threads()
@@ -515,6 +546,7 @@ class DcpMerge:
                 done = cute.arch.atomic_add(state.iterator + 1, Int64(1), sem="acq_rel", scope="gpu")
                 if done == Int64(rows - 1):
                     state[1] = Int64(0)
+                    state[3] = Int64(NO_WAIT)
                     state[0] = state[0] + Int64(1)
         if cutlass.const_expr(self.profile):  # after the ids: global_ids[row, self.K + phase]
             if tid == 0:

@@ -65,6 +65,7 @@ FINE = BINS // THREADS  # bins per coarse bin of the digit search
 DIGITS = ((21, 11), (10, 11), (0, 10))  # (shift, bits) of the three radix digits, top first
 CAP = 4096  # keys (and ids) a CTA can copy to shared memory after the first digit
 MAX_CLUSTER = 8
+CLUSTER_SIZES = (1, 2, 4, 8)  # every value cluster_size can return
 SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
 # Spans of more keys than this (per CTA) take the one-read path. Two tiles: from three tiles up
@@ -910,7 +911,7 @@ def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_
 
 def warm(device: torch.device) -> None:
     """Compile every engine configuration and the decode shapes' block-key kernels."""
-    for ranks in (1, 2, 4, 8):
+    for ranks in CLUSTER_SIZES:
         for source in SOURCES:
             compiled(source, source is torch.int32, ranks)
         for source in (torch.float32, torch.bfloat16):
