@@ -96,12 +96,12 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             for ws in group:
                 expect(f"dcp step W={world} K={topk} parity {step} rank {ws.rank}",
                        dcp_cases.merge_step(ws, 3, topk)[0], want)
-        dcp_cases.push_rows(group[0], x[0, :2], lengths[0, :2], topk)  # rank 1 sends 3 rows, rank 0 2
-        dcp_cases.push_rows(group[1], x[1], lengths[1], topk)
+        for ws in group:  # rank 0's step has 2 rows, the others' 3
+            dcp_cases.push_rows(ws, x[ws.rank, :3 - (ws.rank == 0)], lengths[ws.rank, :3 - (ws.rank == 0)], topk)
         expect(f"dcp step W={world} other rows: no ids", dcp_cases.merge_step(group[0], 2, topk)[2],
                torch.zeros(2, dtype=torch.int32))
         expect(f"dcp step W={world} other rows: error word", torch.tensor(group[0].take_error()),
-               torch.tensor(1 << 17))
+               torch.tensor(sum(1 << (16 + r) for r in range(1, world))))
     for experts, topk in ((896, 16), (256, 8), (1024, 16), (7, 3)) if "moe" in sections else ():
         for renormalize in (True, False):
             for sigmoid in (True, False):
