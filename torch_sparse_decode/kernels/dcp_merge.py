@@ -3,7 +3,7 @@
 One CTA of 1024 threads per row, everything between the rows and the outputs in shared memory:
 
 - Wait (a step): the rows arrive as 8-byte units (a B' word, then the step's tag; no flag). Thread
-  r < W polls the last unit of rank r's row (system scope, bounded by ``%globaltimer``) while the
+  0 polls the last unit of every rank's row (system scope, bounded by ``%globaltimer``) while the
   others clear shared memory.
 - The W sent B' rows (W * N <= 6240 candidates) go into registers as (ord16, global id); in a
   step every thread checks its units' tags and polls any that came late.
@@ -393,9 +393,8 @@ class DcpMerge:
             unit = load_unit(base, j)
             if tag_of(unit) != want:
                 start = wait_began(state)
-                while of_no_step(tag_of(unit), want) & (cute.arch.globaltimer() - start < timeout_ns) & (
-                        info[LATE] == 0):
-                    unit = load_unit(base, j)
+                while of_no_step(tag_of(unit), want) & (cute.arch.globaltimer() - start < timeout_ns):
+                    unit = load_unit(base, j)  # (info is not read here: other threads may be setting it)
                 if tag_of(unit) != want:
                     bit = cutlass.select_(of_no_step(tag_of(unit), want), Int32(1) << r, Int32(1) << (16 + r))
                     cute.arch.atomic_or(info.iterator + LATE, bit)
@@ -472,9 +471,14 @@ class DcpMerge:
             want = step_tag(seq, Int32(rows))
         src = (gathered, sent_at, rank_stride, peers, rescue_at, Int32(0), want, timeout_ns, info, state)
         if cutlass.const_expr(self.exchange):
-            if tid < self.W:  # one thread a rank polls its row's last unit (stored last) first
-                self.word(self.row_base(gathered, sent_at + tid * rank_stride), Int32(self.N + self.N // 32 - 1),
-                          src, tid)
+            if tid == 0:  # polls every rank's row's last unit (stored last) first: the CTA's only writer
+                last = Int32(self.N + self.N // 32 - 1)  # of info until the barrier (it also set it up)
+                units = cute.make_rmem_tensor(self.W, Int64)
+                for r in cutlass.range_constexpr(self.W):  # every load in flight before the first check
+                    units[r] = load_unit(self.row_base(gathered, sent_at + r * rank_stride), last)
+                for r in cutlass.range_constexpr(self.W):
+                    if tag_of(units[r]) != want:
+                        self.word(self.row_base(gathered, sent_at + r * rank_stride), last, src, r)
         cute.arch.sync_threads()
         self.mark(marks, "wait + clear")
 
