@@ -27,7 +27,7 @@ import triton.language as tl
 from bench_dcp import simulated_rows
 from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rank_aligner, rotation, two_gpu_main
 from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
-from torch_sparse_decode.kernels.dcp import _advance_step, _wait_row
+from torch_sparse_decode.kernels.dcp import _advance_step, _error_bits, _step_tag, _wait_row
 
 K = 2048
 LOCAL = 65536
@@ -39,13 +39,13 @@ def _wait_only(state, gathered, rank_stride, row_stride, parity_gathered, timeou
     """The merge's wait for every rank's tagged row of the step and its step advance, no merge."""
     row = tl.program_id(0).to(tl.int64)
     seq = tl.load(state)
-    want = ((seq & 0x7FFFFFFF) + 1).to(tl.int32)
+    want = _step_tag(seq)
     sent = gathered + (seq & 1) * parity_gathered + row * row_stride
-    ok = tl.full((), 1, tl.int32)
+    error = tl.full((), 0, tl.int32)
     for r in range(W):
-        ok &= _wait_row(sent + r * rank_stride, N + N // 32, want, timeout_ns)
-    if ok == 0:
-        tl.atomic_or(state + 2, 1)
+        error |= _error_bits(_wait_row(sent + r * rank_stride, N + N // 32, want, timeout_ns, state), r)
+    if error != 0:
+        tl.atomic_or(state + 2, error.to(tl.int64))
     _advance_step(state)
 
 
