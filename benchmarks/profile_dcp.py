@@ -57,7 +57,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     from torch_sparse_decode.kernels import dcp as kernels
 
     assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL), "no one-round merge"
-    ws = kernels.WORKSPACES[(group.group_name, K)]
+    ws = dcp.dcp_group(group, K).workspace
     table = Table(f"DCP step parts, W = {world_size}, K = {K}, {LOCAL >> 10}K local tokens (us per step, rank 0)",
                   ["T", "select", "local part", "no merge", "full step", "pack", "exchange", "merge"],
                   f"{ROTATED}; {ALIGNED}")

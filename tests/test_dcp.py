@@ -26,19 +26,20 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
     the group-less answer is the smallest, and the CUDA op takes the one-round step exactly when
     the public helper says its group fits and the local width is within the group's max_local_len."""
     kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
-    monkeypatch.setitem(dcp._ONE_ROUND, ("a", 2048), (1536, 8))
-    monkeypatch.setitem(dcp._ONE_ROUND, ("b", 2048), (1536, 32))
-    assert dcp.dcp_topk_merge_max_rows(2048, 1536) == 8
-    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "b") == 32 and dcp.dcp_topk_merge_fits(32, 2048, 1536, "b")
-    assert not dcp.dcp_topk_merge_fits(9, 2048, 1536, "a") and not dcp.dcp_topk_merge_fits(9, 2048, 1536)
-    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "c") == 0
 
     class Workspace:
         def __init__(self, max_local_len):
             self.local_topk, self.max_local_len = 1536, max_local_len
 
+    for name, rows, width in (("a", 8, 1 << 17), ("b", 32, 4096)):
+        monkeypatch.setitem(dcp.GROUPS, (name, 2048), dcp.DcpGroup(name, 2048, 1536, rows, width, 5.0, Workspace(width)))
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536) == 8
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "b") == 32 and dcp.dcp_topk_merge_fits(32, 2048, 1536, "b")
+    assert not dcp.dcp_topk_merge_fits(9, 2048, 1536, "a") and not dcp.dcp_topk_merge_fits(9, 2048, 1536)
+    assert dcp.dcp_topk_merge_max_rows(2048, 1536, "c") == 0
+    assert dcp.dcp_group("b", 2048).max_rows == 32 and dcp.dcp_group("c", 2048) is None
+
     taken = []
-    monkeypatch.setattr(kernels, "WORKSPACES", {("a", 2048): Workspace(1 << 17), ("b", 2048): Workspace(4096)})
     monkeypatch.setattr(kernels, "one_round_step", lambda *args: taken.append("one-round"))
     monkeypatch.setattr(kernels.reference, "dcp_topk_merge", lambda *args: taken.append("generic"))
     steps = (("a", 8, 64), ("a", 9, 64), ("a", 8, 1 << 17), ("a", 8, (1 << 17) + 1), ("b", 9, 4096), ("b", 9, 4097),
@@ -187,9 +188,8 @@ def test_the_step_check_names_the_ranks_once(monkeypatch):
     class Group:
         group_name = "g"
 
-    monkeypatch.setitem(dcp._ONE_ROUND, ("g", 2048), (1536, 8))
-    monkeypatch.setattr(kernels, "WORKSPACES", {("g", 2048): Workspace(1 << 3 | 1 << 5 | 1 << 17),
-                                                ("g", 512): Workspace(1), ("h", 2048): Workspace(1)})
+    for (name, topk), error in ((("g", 2048), 1 << 3 | 1 << 5 | 1 << 17), (("g", 512), 1), (("h", 2048), 1)):
+        monkeypatch.setitem(dcp.GROUPS, (name, topk), dcp.DcpGroup(name, topk, 1, 8, None, 2.5, Workspace(error)))
     with pytest.raises(dcp.DcpStepError, match=r"rank\(s\) 3, 5 did not send their rows within 2.5 s .*; "
                                                r"rank\(s\) 1 sent a step with another row count"):
         dcp.dcp_topk_merge_check(Group(), 2048)

@@ -59,9 +59,7 @@ def _one_round_body(rank: int, world_size: int, group) -> None:
 
     # Eager, every kind, T in {1, 8, 32}; the NCCL transport on the same inputs. The workspace's
     # step sequence counts the steps that took the one-round path.
-    from torch_sparse_decode.kernels import dcp as kernels
-
-    sequence = kernels.WORKSPACES[(group.group_name, K)].state
+    sequence = dcp.dcp_group(group, K).workspace.state
     before, steps = sequence[0].item(), 0
     for rows in (1, 8, 32):
         for name, (x, lengths) in _cases(world_size, rows):

@@ -6,7 +6,7 @@ import torch
 import torch_sparse_decode as tsd
 from inputs import scores
 from torch_sparse_decode import dcp
-from torch_sparse_decode.testing import capture_graph, replay_matches
+from graphs import capture_graph, replay_matches
 
 pytestmark = pytest.mark.gpu
 

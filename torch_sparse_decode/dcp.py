@@ -30,11 +30,12 @@ from ._library import check_int
 from .reference import DcpStepError, check_step
 from .reference import all_gather_rows as _all_gather
 from .dcp_config import (
-    _ONE_ROUND,
-    _TIMEOUT_S,
+    GROUPS,
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
     STEP_TIMEOUT_S,
+    DcpGroup,
+    dcp_group,
     dcp_merge_local_topk,
     dcp_topk_merge_fits,
     dcp_topk_merge_max_rows,
@@ -64,12 +65,11 @@ __all__ = [
     "dcp_topk_merge_check",
     "DcpStepError",
     "STEP_TIMEOUT_S",
+    "DcpGroup",
+    "dcp_group",
 ]
 
 log = logging.getLogger(__name__)
-
-# (group name, topk) -> (N agreed by init_dcp_topk_merge (0: generic merge), its other arguments).
-_INIT: dict[tuple[str, int], tuple[int, tuple]] = {}
 
 
 def _shape(t: object, name: str, ndim: int) -> tuple[int, ...]:
@@ -286,12 +286,12 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     arguments = (max_rows, max_local_len, timeout_s)
     error = _argument_error(topk, max_rows, max_local_len, timeout_s, world_size)
     topk = topk if error else int(topk)  # a numpy integer keys the same entries as the int
-    done = _INIT.get((name, topk)) if not error else None
+    done = GROUPS.get((name, topk)) if not error else None
     if done is not None:  # local: a repeated call runs no collective
-        if done[1] != arguments:
+        if done.arguments != arguments:
             raise ValueError(f"init_dcp_topk_merge was already called for group {name!r} and topk={topk} with "
-                             f"(max_rows, max_local_len, timeout_s) = {done[1]}; got {arguments}")
-        return done[0]
+                             f"(max_rows, max_local_len, timeout_s) = {done.arguments}; got {arguments}")
+        return done.local_topk
     supported, why = False, error
     if not error:
         try:  # a rank that raised here would leave its peers waiting in the agreement
@@ -299,16 +299,16 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         except Exception as err:
             supported, why = False, f"support check failed: {type(err).__name__}: {err}"
     agreed = _agree(group, supported, error, max_rows, max_local_len, topk)
-    _TIMEOUT_S[(name, topk)] = float(timeout_s)
     local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
+    state = DcpGroup(name, topk, local_topk, max_rows, max_local_len, timeout_s)
     if local_topk:
         from .kernels import dcp as kernels
 
         device = torch.device("cuda", torch.cuda.current_device())
-        kernels.WORKSPACES[(name, topk)] = kernels.make_workspace(
+        state.workspace = kernels.make_workspace(
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s,
             max_local_len or 1 << LOCAL_INDEX_BITS)
-        _ONE_ROUND[(name, topk)] = (local_topk, max_rows)
+        GROUPS[(name, topk)] = state
         kernels.warm_step(world_size, topk)  # no compile may happen inside a graph capture
         # Steps in lockstep on every rank, both score dtypes: they prove the exchange.
         for dtype in (torch.float32, torch.bfloat16):
@@ -316,7 +316,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
             dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
-    _INIT[(name, topk)] = (local_topk, arguments)
+        GROUPS[(name, topk)] = state
     return local_topk
 
 
@@ -386,12 +386,9 @@ def dcp_topk_merge_check(group=None, topk: int | None = None) -> None:
     rows, naming the ranks (reads device memory: call it between decode steps, outside graph
     capture). The error is reported once."""
     group = group if group is not None else dist.group.WORLD
-    if not any(name == group.group_name for name, _ in _ONE_ROUND):
-        return
-    from .kernels import dcp as kernels
-
-    for (name, k), ws in kernels.WORKSPACES.items():
-        if name != group.group_name or (topk is not None and k != topk):
+    for (name, k), state in GROUPS.items():
+        ws = state.workspace
+        if ws is None or name != group.group_name or (topk is not None and k != topk):
             continue
         error = ws.take_error()
         if error:

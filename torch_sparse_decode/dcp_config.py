@@ -12,22 +12,49 @@ local index ``l`` < 2**17 (global id ``l * W + rank``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 MAX_WORLD_SIZE = 16
 LOCAL_INDEX_BITS = 17
 _WARP = 32
 
-# (group name, topk) -> (local_topk, max_rows) of each group set up by init_dcp_topk_merge.
-_ONE_ROUND: dict[tuple[str, int], tuple[int, int]] = {}
-
 # The bound on one dcp_topk_merge step's waits for its peers, unless init_dcp_topk_merge set another.
 STEP_TIMEOUT_S = 5.0
-# (group name, topk) -> the step bound init_dcp_topk_merge was given.
-_TIMEOUT_S: dict[tuple[str, int], float] = {}
+
+
+@dataclass
+class DcpGroup:
+    """What ``init_dcp_topk_merge`` agreed for one (process group, topk): the one owner of a
+    group's DCP state. ``local_topk`` is N (0: the generic merge); ``workspace`` the one-round
+    step's symmetric-memory workspace (None on the generic merge)."""
+
+    name: str
+    topk: int
+    local_topk: int
+    max_rows: int
+    max_local_len: int | None
+    timeout_s: float
+    workspace: object = None
+
+    @property
+    def arguments(self) -> tuple:
+        """The init arguments a repeated call must match."""
+        return self.max_rows, self.max_local_len, self.timeout_s
+
+
+# (group name, topk) -> its DcpGroup, filled by init_dcp_topk_merge.
+GROUPS: dict[tuple[str, int], DcpGroup] = {}
+
+
+def dcp_group(group, topk: int) -> DcpGroup | None:
+    """``group``'s (a process group or its name) state for ``topk``, or None before init."""
+    return GROUPS.get((getattr(group, "group_name", group), topk))
 
 
 def step_timeout_s(group_name: str, topk: int) -> float:
     """Seconds a step of ``group_name`` at ``topk`` waits for its peers before it raises."""
-    return _TIMEOUT_S.get((group_name, topk), STEP_TIMEOUT_S)
+    state = GROUPS.get((group_name, topk))
+    return state.timeout_s if state is not None else STEP_TIMEOUT_S
 
 
 def dcp_merge_local_topk(topk: int, world_size: int) -> int:
@@ -57,7 +84,8 @@ def dcp_topk_merge_max_rows(topk: int, local_topk: int, group=None) -> int:
     without it the smallest over every group set up with this (topk, local_topk), so that a step
     that fits fits on each of them. 0 when no such group was set up."""
     name = getattr(group, "group_name", group)
-    rows = [m for (g, k), (n, m) in _ONE_ROUND.items() if k == topk and n == local_topk and name in (None, g)]
+    rows = [g.max_rows for g in GROUPS.values()
+            if g.topk == topk and g.local_topk == local_topk and name in (None, g.name)]
     return min(rows, default=0)
 
 

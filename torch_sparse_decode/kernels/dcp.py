@@ -36,7 +36,15 @@ import triton
 import triton.language as tl
 
 from .. import reference
-from ..dcp_config import LOCAL_INDEX_BITS, dcp_topk_merge_fits, packed_row_words, rescue_row_slots, workspace_words
+from ..dcp_config import (
+    GROUPS,
+    LOCAL_INDEX_BITS,
+    dcp_merge_local_topk,
+    dcp_topk_merge_fits,
+    packed_row_words,
+    rescue_row_slots,
+    workspace_words,
+)
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 NO_WAIT = tl.constexpr(0x7FFFFFFFFFFFFFFF)  # state[3] while no wait of the step has begun
@@ -632,24 +640,27 @@ def warm_step(world_size: int, topk: int) -> None:
 
 def warm(device: torch.device) -> None:
     """Compile the simulated pack and merge at the decode shape (W = 2, K = 2048, fp32 and bf16).
-    A group's one-round step compiles in ``init_dcp_topk_merge``'s warm steps."""
-    from ..dcp import simulate_dcp_topk
-
+    A group's one-round step compiles in ``init_dcp_topk_merge`` (``warm_step``)."""
+    world_size, topk, width = 2, 2048, 4096
+    n = dcp_merge_local_topk(topk, world_size)
+    lengths = torch.full((1,), width, dtype=torch.int32, device=device)
     for dtype in (torch.float32, torch.bfloat16):
-        scores = torch.zeros(2, 1, 4096, dtype=dtype, device=device)
-        simulate_dcp_topk(scores, torch.full((2, 1), 4096, dtype=torch.int32, device=device), 2048)
+        scores = torch.zeros(1, width, dtype=dtype, device=device)
+        packed = torch.empty(world_size, 1, packed_row_words(n), dtype=torch.int32, device=device)
+        rescue = torch.empty(world_size, 1, packed_row_words(rescue_row_slots(topk)), dtype=torch.int32, device=device)
+        for rank in range(world_size):
+            dcp_pack(scores, lengths, world_size, rank, topk, packed[rank], rescue[rank])
+        ids = torch.empty(2, 1, topk, dtype=torch.int32, device=device)
+        dcp_merge(packed, rescue, topk, 0, ids[0], ids[1], torch.empty(1, dtype=torch.int32, device=device))
 
 
 # -------------------------------------------------------------------- symmetric-memory step
 
-# (group name, topk) -> Workspace, filled by dcp.init_dcp_topk_merge.
-WORKSPACES: dict = {}
-
-
 def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_topk_merge``: the one-round step where the group has
     a workspace and the step fits it (a shape test, the same on every rank), else the generic merge."""
-    ws = WORKSPACES.get((group_name, topk))
+    state = GROUPS.get((group_name, topk))
+    ws = state.workspace if state is not None else None
     rows, width = scores.shape
     if ws is not None and dcp_topk_merge_fits(rows, topk, ws.local_topk, group_name) and width <= ws.max_local_len:
         one_round_step(ws, scores, lengths, global_ids, local_ids, local_count)

@@ -1,4 +1,4 @@
-"""Helpers for GPU tests and benchmarks: capture an op in a CUDA graph, replay it on new inputs."""
+"""CUDA-graph helpers of the GPU tests: capture an op in a CUDA graph, replay it on new inputs."""
 
 from __future__ import annotations
 
