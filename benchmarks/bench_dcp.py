@@ -142,12 +142,12 @@ def simulated(results: str, quick: bool) -> None:
             gathered, rescue, peers = simulated_rows(world_size, rows)
             outs = [torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2)]
             count = torch.empty(rows, dtype=torch.int32, device="cuda")
-            call = lambda i: kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count)  # noqa: E731
             times = []
             for merge in merges:
-                kernels.MERGE_KERNEL = merge
+                def call(i, merge=merge):
+                    kernels.merge_rows(gathered, peers, rescue.stride(1), K, 0, *outs, count, kernel=merge)
+
                 times.append(graph_us(call))
-            kernels.MERGE_KERNEL = shipped
             table.add(world_size, rows, *times, world_size * dcp.dcp_merge_local_topk(K, world_size))
     table.emit(results)
 

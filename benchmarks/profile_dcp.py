@@ -27,7 +27,8 @@ import triton.language as tl
 from bench_dcp import simulated_rows
 from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rank_aligner, rotation, two_gpu_main
 from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
-from torch_sparse_decode.kernels.dcp import _advance_step, _error_bits, _step_tag, _wait_row
+from torch_sparse_decode.kernels.dcp_merge_triton import _advance_step, _error_bits, _wait_row
+from torch_sparse_decode.kernels.dcp_pack import _step_tag
 
 K = 2048
 LOCAL = 65536
@@ -55,6 +56,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     group = dist.group.WORLD
     from torch_sparse_decode import dcp
     from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.kernels import dcp_step as step
 
     assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL), "no one-round merge"
     ws = dcp.dcp_group(group, K).workspace
@@ -72,15 +74,15 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
         rescue = torch.empty(rows, packed_row_words(rescue_row_slots(K)), dtype=torch.int32, device="cuda")
 
         def select(i: int) -> None:
-            kernels.local_topk_ids(*sets[i % len(sets)], ws.ids[:rows])
+            step.local_topk_ids(*sets[i % len(sets)], ws.ids[:rows])
 
         def local(i: int) -> None:
             kernels.dcp_pack(*sets[i % len(sets)], world_size, rank, K, packed, rescue)
 
         def no_merge(i: int) -> None:
             scores, lengths = sets[i % len(sets)]
-            kernels.local_topk_ids(scores, lengths, ws.ids[:rows])
-            kernels.push_rows(ws, ws.ids[:rows], scores)
+            step.local_topk_ids(scores, lengths, ws.ids[:rows])
+            step.push_rows(ws, ws.ids[:rows], scores)
             _wait_only[(rows,)](ws.state, ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words,
                                 ws.exchange_parity, ws.timeout_ns, W=world_size, N=ws.local_topk, num_warps=4)
 

@@ -9,7 +9,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 from torch_sparse_decode.dcp_config import dcp_merge_local_topk, rescue_row_slots
-from torch_sparse_decode.kernels import dcp, topk
+from torch_sparse_decode.kernels import dcp_merge_triton, dcp_pack, topk
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -46,10 +46,10 @@ def main() -> int:
         n, slots = dcp_merge_local_topk(k, world_size), rescue_row_slots(k)
         for exchange in (False, True):
             scores = "*bf16" if exchange else "*fp32"
-            build(dcp._pack_rows, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
+            build(dcp_pack._pack_rows, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
                                                                         SLOTS=max(triton.next_power_of_2(slots), 32),
                                                                         EXCHANGE=exchange, EARLY_MERGE=exchange))
-            build(dcp._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
+            build(dcp_merge_triton._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
                                               NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,
                                               EXCHANGE=exchange))

@@ -78,7 +78,7 @@ def simulated_group(world_size: int, topk: int, max_rows: int, device, timeout_s
                     max_local_len: int = 1 << 17) -> list:
     """W ranks' one-round workspaces in one process: each rank's buffer a plain tensor, reached
     by address."""
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.kernels import dcp_step as kernels
 
     n = dcp_merge_local_topk(topk, world_size)
     words = kernels.Workspace.words(world_size, topk, n, max_rows)
@@ -90,7 +90,7 @@ def simulated_group(world_size: int, topk: int, max_rows: int, device, timeout_s
 
 def push_rows(ws, x: torch.Tensor, lengths: torch.Tensor, topk: int) -> None:
     """Rank ``ws.rank``'s step rows of scores ``x`` [T, L] pushed into every rank's buffer."""
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.kernels import dcp_step as kernels
 
     device = ws.buffer.device
     kernels.push_rows(ws, ascending_local_topk(x, lengths, topk).to(device), x.to(device))
@@ -98,7 +98,7 @@ def push_rows(ws, x: torch.Tensor, lengths: torch.Tensor, topk: int) -> None:
 
 def merge_step(ws, rows: int, topk: int):
     """One rank's merge of a step into poisoned outputs: (global ids, local ids, counts) on the CPU."""
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.kernels import dcp_step as kernels
 
     device = ws.buffer.device
     outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=device) for _ in range(2)]

@@ -14,9 +14,9 @@ import oracle
 from dcp_cases import canonical_rows as _canonical_rows
 from dcp_cases import ascending_local_topk as _ascending_local_topk
 from dcp_cases import merge_step as _merge_step
-from dcp_cases import mixed, push_rows, simulated_group, reorder_slots, saturating, shuffled
+from dcp_cases import mixed, push_rows, saturating, shuffled, simulated_group
 from inputs import KINDS, scores
-from torch_sparse_decode import dcp, reference
+from torch_sparse_decode import dcp
 
 if torch.cuda.is_available():
     DEVICE = "cuda"
@@ -25,6 +25,7 @@ else:
     DEVICE = "cpu"
     pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+from torch_sparse_decode.kernels import dcp_step  # noqa: E402  (after the importorskip)
 
 POISON = 0x5A5A5A5A
 NO_WAIT = 0x7FFFFFFFFFFFFFFF  # a workspace's state[3] between steps
@@ -386,7 +387,7 @@ def test_a_stalled_rank(stall_s, timeout_s):
     torch.cuda.synchronize()
     with torch.cuda.stream(late):
         torch.cuda._sleep(int(stall_s * 2e9))  # ~2 GHz SM clock
-        kernels.push_rows(group[1], ids, scores_1)
+        dcp_step.push_rows(group[1], ids, scores_1)
     with torch.cuda.stream(waiting):
         got = _merge_step(group[0], 4, topk)
     torch.cuda.synchronize()
@@ -404,7 +405,9 @@ def test_the_step_pack_compiles_once_per_score_dtype():
     """A step's pack takes scores of any width and offset: after one step per dtype no other
     width (multiple of 16 or not, 1) or misaligned view compiles another variant, so
     ``init_dcp_topk_merge``'s warm steps leave nothing to compile inside a graph capture."""
-    caches = getattr(kernels._pack_rows, "device_caches", None)
+    from torch_sparse_decode.kernels import dcp_pack
+
+    caches = getattr(dcp_pack._pack_rows, "device_caches", None)
     if caches is None:
         pytest.skip("this Triton keeps its kernel cache elsewhere")
     group = simulated_group(2, 256, max_rows=4, device=DEVICE)
@@ -415,7 +418,7 @@ def test_the_step_pack_compiles_once_per_score_dtype():
             x = wide[:, first:first + width]
             ids = torch.full((4, 256), -1, dtype=torch.int32, device=DEVICE)
             ids[:, :min(width, 256)] = torch.arange(min(width, 256), dtype=torch.int32, device=DEVICE)
-            kernels.push_rows(group[0], ids, x)
+            dcp_step.push_rows(group[0], ids, x)
             if (width, first) == (64, 0):
                 compiled = len(caches[device][0])
                 assert compiled > 0  # the cache this test reads is the one the launch filled

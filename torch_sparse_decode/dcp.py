@@ -10,7 +10,7 @@ Two paths, bit-identical by construction (the same keys, the same order):
   once, and every rank merges them, replacing each saturated rank's row by its local top-K (its
   rescue row). On GPUs (``init_dcp_topk_merge`` returned N > 0 and the step fits its workspace)
   the whole step is the ``dcp_topk_merge`` op's CUDA kernel: pack, push into the peers'
-  symmetric memory, bounded wait, merge reading rescue rows from the peers (``kernels/dcp.py``).
+  symmetric memory, bounded wait, merge reading rescue rows from the peers (``kernels/dcp_step.py``).
   As separate ops (``pack_candidates``, ``merge_packed``) it runs anywhere; on a CPU/gloo group
   ``dcp_topk_merge(..., local_topk=N)`` fetches the rescue rows with a second all-gather;
 - generic: every rank exchanges its full local top-K as int64 keys and merges them.
