@@ -15,7 +15,14 @@ import torch
 import triton
 
 from .. import reference
-from ..dcp_config import GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
+from ..dcp_config import (
+    GROUPS,
+    dcp_merge_local_topk,
+    dcp_topk_merge_fits,
+    packed_row_slots,
+    packed_row_words,
+    rescue_row_slots,
+)
 from .dcp_merge_triton import MERGE_WARPS, _bitmap_words, _dcp_merge
 from .dcp_pack import pack_rows
 from .dcp_step import MERGE_KERNEL, _cute_merge, local_topk_ids, one_round_step
@@ -29,7 +36,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     world_size, rows, words = gathered.shape
     if not rows:
         return
-    n = words * 32 // 33
+    n = packed_row_slots(words)
     if _cute_merge(gathered, kernel):
         from .dcp_merge import compiled
 
