@@ -1,6 +1,7 @@
 """The one timing harness (SPEC section 3): per-call time of a CUDA graph holding 20 back-to-back
 calls, median of >= 50 replays, inputs rotated over buffers larger than L2, baselines timed by the
-same code in the same process, results appended as a dated table to benchmarks/RESULTS.md."""
+same code in the same process, results appended as a dated table to benchmarks/history/runs.md
+(benchmarks/RESULTS.md holds each op's current table)."""
 
 from __future__ import annotations
 
@@ -185,7 +186,7 @@ def _fmt(value) -> str:
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "RESULTS.md"),
+    p.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "history", "runs.md"),
                    help="markdown file the tables are appended to ('' to only print)")
     p.add_argument("--quick", action="store_true", help="a subset of the shapes")
     return p
