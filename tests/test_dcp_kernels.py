@@ -26,6 +26,9 @@ else:
     pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
 kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
 from torch_sparse_decode.kernels import dcp_step  # noqa: E402  (after the importorskip)
+from torch_sparse_decode.kernels.dcp_pack import _ord16 as _pack_ord16  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 POISON = 0x5A5A5A5A
 NO_WAIT = 0x7FFFFFFFFFFFFFFF  # a workspace's state[3] between steps
@@ -423,3 +426,24 @@ def test_the_step_pack_compiles_once_per_score_dtype():
                 compiled = len(caches[device][0])
                 assert compiled > 0  # the cache this test reads is the one the launch filled
         assert len(caches[device][0]) == compiled, dtype
+
+
+@triton.jit
+def _ord16_of(x, out, n, BLOCK: tl.constexpr):
+    at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out + at, _pack_ord16(tl.load(x + at, mask=at < n)), mask=at < n)
+
+
+def test_the_packs_ord16_is_the_librarys():
+    """The Triton pack's ord16 (its own copy, on the bits) against ``order.bf16_ord16`` on every
+    bf16 bit pattern and on fp32 values at and beside each bf16 rounding boundary."""
+    from torch_sparse_decode import order
+
+    every_bf16 = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+    halves = (torch.arange(1 << 16, dtype=torch.int64) << 16)[::7]
+    edges = torch.cat([halves, halves + 0x7FFF, halves + 0x8000, halves + 0x8001, halves + 0xFFFF])
+    fp32 = (edges - ((edges >> 31) << 32)).to(torch.int32).view(torch.float32)
+    for x in (every_bf16, fp32):
+        got = torch.empty(x.numel(), dtype=torch.int32, device=DEVICE)
+        _ord16_of[(triton.cdiv(x.numel(), 1024),)](x.to(DEVICE), got, x.numel(), BLOCK=1024)
+        assert torch.equal(got.cpu(), order.bf16_ord16(x.float()).to(torch.int32)), x.dtype
