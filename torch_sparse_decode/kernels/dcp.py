@@ -83,9 +83,9 @@ def warm_step(world_size: int, topk: int) -> None:
     from . import topk as engine
     from .dcp_merge import compiled
 
-    for ranks in engine.CLUSTER_SIZES:
+    for ctas in engine.CLUSTER_SIZES:
         for dtype in (torch.float32, torch.bfloat16):
-            engine.compiled(dtype, False, ranks, ord16=True)
+            engine.compiled(dtype, False, ctas, ord16=True)
     if MERGE_KERNEL == "cute":
         compiled(world_size, topk, True)
 
