@@ -249,7 +249,7 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
         x = x.to(torch.bfloat16)
     x = as_view(rng, x)
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
-                       ctas=tsd_engine().cluster_size(rows, keys, sms()))
+                       ranks=tsd_engine().cluster_size(rows, keys, sms()))
     got, want = poisoned((rows, k), torch.int32), poisoned((rows, k), torch.int32)
     if op == "blocks":
         tsd.select_candidate_blocks(x, lengths, block, k, out=got)

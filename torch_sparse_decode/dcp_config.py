@@ -71,11 +71,6 @@ def packed_row_words(local_topk: int) -> int:
     return local_topk + local_topk // _WARP
 
 
-def packed_row_slots(words: int) -> int:
-    """The candidate slots N of a packed row of ``words`` int32 words (``packed_row_words``' inverse)."""
-    return words * _WARP // (_WARP + 1)
-
-
 def rescue_slots(topk: int, local_topk: int) -> int:
     """Upper bound on the saturated ranks of one row.
 

@@ -15,14 +15,7 @@ import torch
 import triton
 
 from .. import reference
-from ..dcp_config import (
-    GROUPS,
-    dcp_merge_local_topk,
-    dcp_topk_merge_fits,
-    packed_row_slots,
-    packed_row_words,
-    rescue_row_slots,
-)
+from ..dcp_config import GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
 from .dcp_merge_triton import MERGE_WARPS, _bitmap_words, _dcp_merge
 from .dcp_pack import pack_rows
 from .dcp_step import MERGE_KERNEL, _cute_merge, local_topk_ids, one_round_step
@@ -36,7 +29,7 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     world_size, rows, words = gathered.shape
     if not rows:
         return
-    n = packed_row_slots(words)
+    n = words * 32 // 33
     if _cute_merge(gathered, kernel):
         from .dcp_merge import compiled
 
@@ -83,9 +76,9 @@ def warm_step(world_size: int, topk: int) -> None:
     from . import topk as engine
     from .dcp_merge import compiled
 
-    for ctas in engine.CLUSTER_SIZES:
+    for ranks in engine.CLUSTER_SIZES:
         for dtype in (torch.float32, torch.bfloat16):
-            engine.compiled(dtype, False, ctas, ord16=True)
+            engine.compiled(dtype, False, ranks, ord16=True)
     if MERGE_KERNEL == "cute":
         compiled(world_size, topk, True)
 

@@ -44,7 +44,6 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
-from ..ops import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
 from .cute_helpers import begin_marks, block_exclusive, stamp, warp_inclusive, zero_fill
 
 # Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
@@ -55,6 +54,7 @@ DIGIT_BINS = 256  # ord16 in two 8-bit digits
 CHUNK_WORDS = 4096  # output bitmap words per chunk: 2**17 global ids
 CHUNK_IDS = 32 * CHUNK_WORDS
 OWN_WORDS = CHUNK_WORDS // THREADS  # bitmap words each thread scans (contiguous)
+MAX_K = 4096  # the ops' topk limit (ops.TOPK_MAX_K): the selected ids stay in shared memory
 T_SHIFT = 15  # packed bitmap counts: S (< K <= 4096) below bit 15, T (< 2**17) above
 # Where a profiled build (``compiled(..., profile=True)``) stamps thread 0's clock: the end of
 # each phase, as cycles since the kernel began, into ``global_ids[row, self.K + phase]``.

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dcp_config import packed_row_slots, rescue_row_slots
+from ..dcp_config import rescue_row_slots
 
 
 @triton.jit
@@ -178,7 +178,7 @@ def _step_tag(seq):
 def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
     """B' rows from the local top-K ``ids`` (ascending, -1 padded) of ``scores``."""
     rows, topk = ids.shape
-    n = packed_row_slots(packed.shape[1])
+    n = packed.shape[1] * 32 // 33
     slots = rescue_row_slots(topk)
     if rows:
         _pack_rows[(rows,)](

@@ -70,7 +70,7 @@ SPAN_PER_CTA = 8192  # keys per CTA before a row takes more CTAs
 STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter spans stay resident
 # Spans of more keys than this (per CTA) take the one-read path. Two tiles: from three tiles up
 # the gated copy beats the resident two passes (32 x 64K ord16: 24.5 -> 20.7 us), at one or two
-# it does not (8 x 128K 16.9 -> 17.3, 1 x 64K ord16 13.7 -> 14.7; benchmarks/history/).
+# it does not (8 x 128K 16.9 -> 17.3, 1 x 64K ord16 13.7 -> 14.7; benchmarks/RESULTS.md).
 ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
@@ -157,11 +157,11 @@ def load_rank(t: cute.Tensor, i: Int32, rank: Int32) -> Int32:
 
 
 @cute.jit
-def cluster_sync(ctas: cutlass.Constexpr[int]):
+def cluster_sync(ranks: cutlass.Constexpr[int]):
     """All CTAs of the cluster meet; this CTA's shared-memory writes before it are visible to the
     others' remote reads after it. The release is restricted to shared::cta (what the CTAs
     exchange): a plain cluster arrive releases at GPU scope (MEMBAR.ALL.GPU), ~0.2 us each."""
-    if cutlass.const_expr(ctas > 1):
+    if cutlass.const_expr(ranks > 1):
         cute.arch.inline_ptx("fence.release.sync_restrict::shared::cta.cluster;")
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
@@ -185,8 +185,8 @@ class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
 
-    def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
-        self.source, self.pinned, self.ctas, self.ord16 = source, pinned, ctas, ord16
+    def __init__(self, source, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
+        self.source, self.pinned, self.ranks, self.ord16 = source, pinned, ranks, ord16
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
     @cute.jit
@@ -199,7 +199,7 @@ class RadixTopk:
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
                  out: cute.Tensor, stream):
         self.kernel(src, lengths, cols, block, k_sel, out).launch(
-            grid=[self.ctas, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ctas, 1, 1],
+            grid=[self.ranks, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ranks, 1, 1],
             stream=stream, use_pdl=self.pinned,
         )
 
@@ -363,17 +363,17 @@ class RadixTopk:
         the bins above d hold; this thread's share of this CTA's keys in them. Two rounds of
         remote reads: THREADS coarse bins, then the FINE bins of the chosen one (remote loads are
         slow, so each thread issues few)."""
-        ctas = 1 if local else self.ctas
+        ranks = 1 if local else self.ranks
         slot = base // BINS * THREADS
         mine = Int32(0)
         for b in cutlass.range_constexpr(FINE):
             mine = mine + hist[base + tid * FINE + (b + tid) % FINE]  # rotated: fewer bank conflicts
         coarse[slot + tid] = mine
-        cluster_sync(ctas)
+        cluster_sync(ranks)
         # Coarse bin c covers bins [c * FINE, (c + 1) * FINE); thread THREADS-1-c scans it so the
         # exclusive scan counts the bins above.
         from_top = THREADS - 1 - tid
-        mirrored = self.cluster_sum(coarse, slot + from_top, ctas)
+        mirrored = self.cluster_sum(coarse, slot + from_top, ranks)
         above, _ = block_exclusive(mirrored, warp_sums, tid, WARPS)
         cute.arch.sync_threads()  # warp_sums is reused next
         if (above < need) & (above + mirrored >= need):
@@ -382,7 +382,7 @@ class RadixTopk:
         cute.arch.sync_threads()
         chosen = result[0]
         if tid < FINE:
-            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid, ctas)
+            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid, ranks)
         cute.arch.sync_threads()
         if tid == 0:
             run = result[1]
@@ -407,16 +407,16 @@ class RadixTopk:
         return digit, above, own
 
     @cute.jit
-    def cluster_sum(self, t: cute.Tensor, i: Int32, ctas: cutlass.Constexpr[int]) -> Int32:
-        """``t[i]`` summed over the first ``ctas`` CTAs of the cluster (all remote loads issued
+    def cluster_sum(self, t: cute.Tensor, i: Int32, ranks: cutlass.Constexpr[int]) -> Int32:
+        """``t[i]`` summed over the first ``ranks`` CTAs of the cluster (all remote loads issued
         before the adds)."""
         v = t[i]
-        if cutlass.const_expr(ctas > 1):
-            parts = cute.make_rmem_tensor(ctas, Int32)
-            for r in cutlass.range_constexpr(ctas):
+        if cutlass.const_expr(ranks > 1):
+            parts = cute.make_rmem_tensor(ranks, Int32)
+            for r in cutlass.range_constexpr(ranks):
                 parts[r] = load_rank(t, i, r)
             v = Int32(0)
-            for r in cutlass.range_constexpr(ctas):
+            for r in cutlass.range_constexpr(ranks):
                 v = v + parts[r]
         return v
 
@@ -582,7 +582,7 @@ class RadixTopk:
         the keys hold: a row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid
         id (first 0, count valid); with k_sel = 0 a pinned row keeps its newest block alone.
         Nothing is read; the cluster's CTAs write interleaved stretches."""
-        for i in range(rank * THREADS + tid, out.shape[1], self.ctas * THREADS):
+        for i in range(rank * THREADS + tid, out.shape[1], self.ranks * THREADS):
             out[row, i] = cutlass.select_(i < count, first + i, Int32(-1))
 
     @cute.kernel
@@ -618,7 +618,7 @@ class RadixTopk:
         n = valid
         if cutlass.const_expr(self.pinned):
             n = max(valid - 1, Int32(0))
-        per_cta = (n + self.ctas - 1) // self.ctas
+        per_cta = (n + self.ranks - 1) // self.ranks
         lo = min(rank * per_cta, n)
         hi = min(lo + per_cta, n)
         # Tiles start 16-byte aligned in memory (cp.async), up to one chunk before lo.
@@ -666,15 +666,15 @@ class RadixTopk:
                     shared[2] = kept
                     shared[3] = Int32(gate)
                 zero_fill(hist, 3 * BINS, tid, THREADS)
-                cluster_sync(self.ctas)
-                copied, gates = cute.make_rmem_tensor(self.ctas, Int32), cute.make_rmem_tensor(self.ctas, Uint32)
-                for r in cutlass.range_constexpr(self.ctas):
+                cluster_sync(self.ranks)
+                copied, gates = cute.make_rmem_tensor(self.ranks, Int32), cute.make_rmem_tensor(self.ranks, Uint32)
+                for r in cutlass.range_constexpr(self.ranks):
                     copied[r] = load_rank(shared, Int32(2), r)
                     gates[r] = Uint32(load_rank(shared, Int32(3), r))
                 total = Int32(0)
                 fits = Int32(1)
                 highest = gates[0]
-                for r in cutlass.range_constexpr(self.ctas):
+                for r in cutlass.range_constexpr(self.ranks):
                     total = total + copied[r]
                     fits = fits & Int32(copied[r] <= CAP)
                     # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
@@ -686,7 +686,7 @@ class RadixTopk:
                     found = Int32(t >= highest)
                     self.mark(marks, "digits from the copies")
                 if found == 0:
-                    cluster_sync(self.ctas)  # the others are done reading this CTA's histograms
+                    cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
                     zero_fill(hist, 3 * BINS, tid, THREADS)
                     cute.arch.sync_threads()
             if found == 0:
@@ -725,17 +725,17 @@ class RadixTopk:
             if tid == 0:
                 shared[0] = mine_above
                 shared[1] = mine_tied
-            cluster_sync(self.ctas)
+            cluster_sync(self.ranks)
             eq_run = Int32(0)
             eq_before = Int32(0)
             out_base = Int32(0)
             out_total = Int32(0)
-            above_r = cute.make_rmem_tensor(self.ctas, Int32)
-            tied_r = cute.make_rmem_tensor(self.ctas, Int32)
-            for r in cutlass.range_constexpr(self.ctas):  # every remote load in flight before the sums
+            above_r = cute.make_rmem_tensor(self.ranks, Int32)
+            tied_r = cute.make_rmem_tensor(self.ranks, Int32)
+            for r in cutlass.range_constexpr(self.ranks):  # every remote load in flight before the sums
                 above_r[r] = load_rank(shared, Int32(0), r)
                 tied_r[r] = load_rank(shared, Int32(1), r)
-            for r in cutlass.range_constexpr(self.ctas):
+            for r in cutlass.range_constexpr(self.ranks):
                 eq_r = tied_r[r]
                 taken = above_r[r] + min(max(take - eq_run, Int32(0)), eq_r)
                 if r < rank:
@@ -770,7 +770,7 @@ class RadixTopk:
                     written = written + added
                     eq_before = eq_before + tied
             self.mark(marks, "output")
-            if rank == self.ctas - 1:
+            if rank == self.ranks - 1:
                 pad_from = out_total
                 if cutlass.const_expr(self.pinned):
                     if valid > 0:
@@ -779,7 +779,7 @@ class RadixTopk:
                         pad_from = out_total + 1
                 for i in range(pad_from + tid, out.shape[1], THREADS):
                     out[row, i] = Int32(-1)
-            cluster_sync(self.ctas)  # no CTA leaves while others may read its shared memory
+            cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, "padding + last barrier")
             ended = cute.arch.globaltimer()
@@ -852,13 +852,13 @@ def cluster_size(rows: int, keys_per_row: int, sms: int) -> int:
     The engine's registers (over 64 per thread) leave room for one 512-thread CTA per SM, and a
     cluster must sit in one GPC, so clusters of 4 and 8 fit about half as often as ``sms / S``
     (H200, measured: 32 rows x 4 CTAs and 64 x 8 ran in two waves, 64 x 2 and 8 x 8 in one)."""
-    ctas = 1
-    while ctas < MAX_CLUSTER and ctas * SPAN_PER_CTA < keys_per_row:
-        wider = 2 * ctas
+    ranks = 1
+    while ranks < MAX_CLUSTER and ranks * SPAN_PER_CTA < keys_per_row:
+        wider = 2 * ranks
         if rows * wider > (sms if wider <= 2 else sms // 2):
             break
-        ctas = wider
-    return ctas
+        ranks = wider
+    return ranks
 
 
 @functools.lru_cache(maxsize=None)
@@ -867,7 +867,7 @@ def sm_count(device: torch.device) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
+def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
     """Compile once per (source dtype, pinned, cluster size, ord16 keys, profile marks), from fake
     tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
@@ -877,7 +877,7 @@ def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, 
     lengths = fake(Int32, (rows,), stride=(1,), assumed_align=4)
     out = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
     stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    engine = RadixTopk(dtype, pinned, ctas, ord16, profile)
+    engine = RadixTopk(dtype, pinned, ranks, ord16, profile)
     return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, stream,
                         options="--enable-tvm-ffi")
 
@@ -887,8 +887,8 @@ def _select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_s
     rows = out.shape[0]
     if rows == 0:
         return
-    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16)(src, lengths, cols, block, k_sel, out)
+    ranks = cluster_size(rows, src.shape[1], sm_count(src.device))
+    compiled(src.dtype, pinned, ranks, ord16)(src, lengths, cols, block, k_sel, out)
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
@@ -911,11 +911,11 @@ def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_
 
 def warm(device: torch.device) -> None:
     """Compile every engine configuration and the decode shapes' block-key kernels."""
-    for ctas in CLUSTER_SIZES:
+    for ranks in CLUSTER_SIZES:
         for source in SOURCES:
-            compiled(source, source is torch.int32, ctas)
+            compiled(source, source is torch.int32, ranks)
         for source in (torch.float32, torch.bfloat16):
-            compiled(source, False, ctas, ord16=True)
+            compiled(source, False, ranks, ord16=True)
     x = torch.zeros(1, 1 << 15, device=device)
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
     for block in (8, 64):
