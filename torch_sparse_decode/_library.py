@@ -137,9 +137,10 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
 
 def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     """[first, last) bytes of memory that ``t``'s elements occupy (a superset for strided views)."""
-    extent = sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride())) + 1
-    first = t.data_ptr() - sum((size - 1) * abs(stride) for size, stride in zip(t.shape, t.stride()) if stride < 0)
-    return first, first + extent * t.element_size()
+    reach = [(size - 1) * stride for size, stride in zip(t.shape, t.stride())]
+    item = t.element_size()
+    first = t.data_ptr() + sum(r for r in reach if r < 0) * item
+    return first, first + (sum(abs(r) for r in reach) + 1) * item
 
 
 def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:

@@ -308,7 +308,8 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
         state.workspace = kernels.make_workspace(
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s,
             max_local_len or 1 << LOCAL_INDEX_BITS)
-        GROUPS[(name, topk)] = state
+    GROUPS[(name, topk)] = state  # before the warm steps, which take the one-round path
+    if local_topk:
         kernels.warm_step(world_size, topk)  # no compile may happen inside a graph capture
         # Steps in lockstep on every rank, both score dtypes: they prove the exchange.
         for dtype in (torch.float32, torch.bfloat16):
@@ -316,7 +317,6 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
             dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
     else:
         log.info("DCP top-k merge: generic path (%s)", why if not supported else "a peer lacks support")
-        GROUPS[(name, topk)] = state
     return local_topk
 
 

@@ -8,6 +8,8 @@ torch ops (a stand-in until the op's kernel is registered, never the fast path).
 
 from __future__ import annotations
 
+import datetime
+
 import torch
 import torch.distributed as dist
 
@@ -300,8 +302,6 @@ def all_gather_rows(tensor: torch.Tensor, group, timeout_s: float | None = None)
     if timeout_s is None or _capturing():
         _all_gather_single(out, tensor.contiguous(), group=group)
     else:
-        import datetime
-
         work = _all_gather_single(out, tensor.contiguous(), group=group, async_op=True)
         try:
             work.wait(timeout=datetime.timedelta(seconds=timeout_s))
