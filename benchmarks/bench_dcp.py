@@ -71,7 +71,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world_size)
     group = dist.group.WORLD
     from torch_sparse_decode import dcp
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     n = dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL)
     assert n, "the one-round merge did not initialize"
@@ -116,7 +116,7 @@ def simulated_rows(world_size: int, rows: int, device: str = "cuda"):
     """(gathered [W, T, words], rescue rows [W, T, words'], their address table): the B' rows of W
     simulated ranks' random scores, 2 x 64K tokens split over the ranks."""
     from torch_sparse_decode import dcp
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     local = LOCAL * 2 // world_size
     x = torch.randn(world_size, rows, local, device=device)
@@ -130,7 +130,7 @@ def simulated(results: str, quick: bool) -> None:
     """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table):
     the shipped CuTe merge beside the Triton one (the CPU interpreter's twin)."""
     from torch_sparse_decode import dcp
-    from torch_sparse_decode.kernels import dcp as kernels
+    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     shipped = kernels.MERGE_KERNEL
     merges = ("cute", "triton")

@@ -43,7 +43,7 @@ def bench_blocks(table: Table, bandwidth: float, rows: int, width: int, block_si
         maxima = logits.view(rows, width // block_size, block_size).amax(dim=2)
         return torch.topk(maxima, min(K, maxima.shape[1]), dim=1).indices
 
-    ours = graph_us(lambda i: select(*sets[i % len(sets)], block_size, out))
+    ours = graph_us(lambda i: select(*sets[i % len(sets)], block_size, K, out))
     base = graph_us(baseline)
     floor_us = rows * width * 4 / (bandwidth * 1e12) * 1e6
     table.add("select_candidate_blocks", f"{rows}x{width >> 10}K bs={block_size}", ours, base,

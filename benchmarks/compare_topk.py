@@ -1,8 +1,9 @@
-"""Top-k engine versions side by side, in one process (SPEC 3 timing): this checkout's
-``kernels/topk.py`` against other copies of that file, e.g. an earlier commit's, so a change is
-judged on the same GPU, clocks and inputs as what it replaces.
+"""Top-k engine versions side by side, in one process: this checkout's ``kernels/topk_engine.py``
+against other copies of that file, e.g. an earlier commit's, so a change is judged on the same GPU,
+clocks and inputs as what it replaces. A copy must come from a commit with this layout (its
+relative imports resolve in this checkout's ``kernels`` package).
 
-    git show REV:torch_sparse_decode/kernels/topk.py > .device/scratch/topk_REV.py   # here
+    git show REV:torch_sparse_decode/kernels/topk_engine.py > /tmp/topk_REV.py
     python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick] [--rounds R] [--results FILE]
 
 Every version runs every shape on the same inputs; a version whose ids differ from this
@@ -16,12 +17,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import statistics
-import tempfile
 
 import torch
 
 from harness import Table, graph_us, parser, rotation
-from torch_sparse_decode.kernels import topk as current
+from torch_sparse_decode.kernels import topk_engine as current
+from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
 K = 2048
 SHAPES = [  # (what, rows, width, block_size)
@@ -32,31 +33,33 @@ QUICK = [SHAPES[0], SHAPES[3], SHAPES[6]]
 
 
 def load(path: str):
-    """A copy of kernels/topk.py as its own module, from a file beside it with the relative import
-    made absolute (Triton and CuTe DSL read a kernel's source from its file)."""
-    with open(path) as f:
-        source = f.read().replace("from .cute_helpers import", "from torch_sparse_decode.kernels.cute_helpers import")
-    name = "cmp_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_").replace(".", "_")
-    copy = os.path.join(tempfile.mkdtemp(), name + ".py")
-    with open(copy, "w") as f:
-        f.write(source)
-    spec = importlib.util.spec_from_file_location(name, copy)
+    """A copy of kernels/topk_engine.py as a module of the ``kernels`` package, read from its own
+    file (Triton and CuTe DSL read a kernel's source there)."""
+    name = "torch_sparse_decode.kernels.cmp_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_").replace(".", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
+    module.__package__ = "torch_sparse_decode.kernels"  # its relative imports
     spec.loader.exec_module(module)
     return module
 
 
 def caller(engine, what: str, block_size: int, sets, out):
     if what == "tokens":
-        return lambda i: engine.indexer_topk(*sets[i % len(sets)], K, out)
+        return lambda i: engine.select(*sets[i % len(sets)], sets[0][0].shape[1], 1, K, out, pinned=False)
     if what == "ord16":
         return lambda i: engine.select_ord16(*sets[i % len(sets)], K, out)
-    return lambda i: engine.select_candidate_blocks(*sets[i % len(sets)], block_size, out)
+
+    def blocks(i):
+        logits, lengths = sets[i % len(sets)]
+        keys = block_keys(logits, lengths, block_size, keep_all=K)
+        engine.select(keys, lengths, logits.shape[1], block_size, K - 1, out, pinned=True)
+
+    return blocks
 
 
 def main() -> None:
     cli = parser(__doc__)
-    cli.add_argument("versions", nargs="+", help="copies of kernels/topk.py to time beside this checkout's")
+    cli.add_argument("versions", nargs="+", help="copies of kernels/topk_engine.py to time beside this checkout's")
     cli.add_argument("--rounds", type=int, default=1, help="turns each version takes per shape (median)")
     args = cli.parse_args()
     engines = {"this checkout": current} | {os.path.basename(p): load(p) for p in args.versions}

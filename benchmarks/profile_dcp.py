@@ -26,9 +26,9 @@ import triton.language as tl
 
 from bench_dcp import simulated_rows
 from harness import ALIGNED, ROTATED, SAME_INPUTS, Table, graph_us, rank_aligner, rotation, two_gpu_main
-from torch_sparse_decode.dcp_config import packed_row_words, rescue_row_slots
-from torch_sparse_decode.kernels.dcp_merge_triton import _advance_step, _error_bits, _wait_row
-from torch_sparse_decode.kernels.dcp_pack import _step_tag
+from torch_sparse_decode.ops.dcp.config import packed_row_words, rescue_row_slots
+from torch_sparse_decode.ops.dcp.merge_triton import advance_step, error_bits, wait_row
+from torch_sparse_decode.ops.dcp.pack import step_tag
 
 K = 2048
 LOCAL = 65536
@@ -40,14 +40,14 @@ def _wait_only(state, gathered, rank_stride, row_stride, parity_gathered, timeou
     """The merge's wait for every rank's tagged row of the step and its step advance, no merge."""
     row = tl.program_id(0).to(tl.int64)
     seq = tl.load(state)
-    want = _step_tag(seq)
+    want = step_tag(seq)
     sent = gathered + (seq & 1) * parity_gathered + row * row_stride
     error = tl.full((), 0, tl.int32)
     for r in range(W):
-        error |= _error_bits(_wait_row(sent + r * rank_stride, N + N // 32, want, timeout_ns, state), r)
+        error |= error_bits(wait_row(sent + r * rank_stride, N + N // 32, want, timeout_ns, state), r)
     if error != 0:
         tl.atomic_or(state + 2, error.to(tl.int64))
-    _advance_step(state)
+    advance_step(state)
 
 
 def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str) -> None:
@@ -55,8 +55,8 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
     dist.init_process_group("nccl", init_method=f"file://{store}", rank=rank, world_size=world_size)
     group = dist.group.WORLD
     from torch_sparse_decode import dcp
-    from torch_sparse_decode.kernels import dcp as kernels
-    from torch_sparse_decode.kernels import dcp_step as step
+    from torch_sparse_decode.ops.dcp import kernel as kernels
+    from torch_sparse_decode.ops.dcp import step
 
     assert dcp.init_dcp_topk_merge(group, K, max_rows=32, max_local_len=LOCAL), "no one-round merge"
     ws = dcp.dcp_group(group, K).workspace
@@ -101,7 +101,7 @@ def _rank_main(rank: int, world_size: int, store: str, quick: bool, results: str
 
 
 def merge_phases(results: str, quick: bool) -> None:
-    from torch_sparse_decode.kernels import dcp_merge
+    from torch_sparse_decode.ops.dcp import merge as dcp_merge
 
     phases = dcp_merge.PHASES
     table = Table(f"CuTe DCP merge phases, simulated W ranks, K = {K}, T = 8 (cycles since the start at each "

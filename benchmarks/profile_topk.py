@@ -17,7 +17,8 @@ import torch
 
 from compare_topk import K, QUICK, SHAPES
 from harness import Table, parser
-from torch_sparse_decode.kernels import topk
+from torch_sparse_decode.kernels import topk_engine as topk
+from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
 
 def phase_cycles(what: str, rows: int, width: int, block_size: int) -> tuple[int, list[float], list[float]]:
@@ -28,7 +29,7 @@ def phase_cycles(what: str, rows: int, width: int, block_size: int) -> tuple[int
     lengths = torch.full((rows,), width, dtype=torch.int32, device="cuda")
     src, block, k_sel, pinned = scores, 1, K, False
     if what == "blocks":
-        src, block, k_sel, pinned = topk.block_keys(scores, lengths, block_size), block_size, K - 1, True
+        src, block, k_sel, pinned = block_keys(scores, lengths, block_size), block_size, K - 1, True
     ranks = topk.cluster_size(rows, src.shape[1], topk.sm_count(scores.device))
     phases = len(topk.PHASES)
     out = torch.full((rows, k_sel + 1 + ranks * topk.PROFILE_SLOTS), -7, dtype=torch.int32, device="cuda")

@@ -8,8 +8,10 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 
-from torch_sparse_decode.dcp_config import dcp_merge_local_topk, rescue_row_slots
-from torch_sparse_decode.kernels import dcp_merge_triton, dcp_pack, topk
+from torch_sparse_decode.ops.dcp.config import dcp_merge_local_topk, rescue_row_slots
+from torch_sparse_decode.ops.dcp import merge_triton as dcp_merge_triton
+from torch_sparse_decode.ops.dcp import pack as dcp_pack
+from torch_sparse_decode.ops.select_candidate_blocks import kernel as blocks
 
 TARGET = GPUTarget("cuda", 90, 32)
 
@@ -39,7 +41,7 @@ def main() -> int:
     count = 0
     for block in (1, 3, 8, 64, 100, 256):
         block_p2 = triton.next_power_of_2(block)
-        build(topk._block_keys, BLOCK_KEYS,
+        build(blocks._block_keys, BLOCK_KEYS,
               dict(BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1), EARLY=True))
         count += 1
     for k, world_size in ((2048, 2), (2048, 16), (512, 4), (4096, 2)):

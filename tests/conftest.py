@@ -20,6 +20,9 @@ def pytest_configure(config):
     # Without a GPU, CuTe DSL compiles for its default target (SM100); ours is Hopper.
     import os
 
+    # Every test compiles what it runs: no kernel comes from an earlier process's disk cache (the
+    # cache's own tests point it at a folder of their own).
+    os.environ["TORCH_SPARSE_DECODE_CACHE"] = "0"
     if not torch.cuda.is_available():
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         # Triton kernels run on CPU tensors in the interpreter (set before triton.jit runs).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from inputs import scores
-from torch_sparse_decode import reference
+from torch_sparse_decode.ops.dcp import reference
 from torch_sparse_decode.dcp import dcp_merge_local_topk, pack_candidates, rescue_slots
 
 
@@ -63,6 +63,16 @@ def shuffled(rows: torch.Tensor, slots: int, seed: int) -> torch.Tensor:
     return reorder_slots(rows, slots, torch.randperm(slots, generator=torch.Generator().manual_seed(seed)))
 
 
+def one_rank_group():
+    """A one-rank process group (gloo for CPU tensors, NCCL for CUDA) for the full-step op."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return dist.group.WORLD
+
+
 # ------------------------------------------------------------- simulated ranks of one step
 
 
@@ -78,7 +88,7 @@ def simulated_group(world_size: int, topk: int, max_rows: int, device, timeout_s
                     max_local_len: int = 1 << 17) -> list:
     """W ranks' one-round workspaces in one process: each rank's buffer a plain tensor, reached
     by address."""
-    from torch_sparse_decode.kernels import dcp_step as kernels
+    from torch_sparse_decode.ops.dcp import step as kernels
 
     n = dcp_merge_local_topk(topk, world_size)
     words = kernels.Workspace.words(world_size, topk, n, max_rows)
@@ -90,7 +100,7 @@ def simulated_group(world_size: int, topk: int, max_rows: int, device, timeout_s
 
 def push_rows(ws, x: torch.Tensor, lengths: torch.Tensor, topk: int) -> None:
     """Rank ``ws.rank``'s step rows of scores ``x`` [T, L] pushed into every rank's buffer."""
-    from torch_sparse_decode.kernels import dcp_step as kernels
+    from torch_sparse_decode.ops.dcp import step as kernels
 
     device = ws.buffer.device
     kernels.push_rows(ws, ascending_local_topk(x, lengths, topk).to(device), x.to(device))
@@ -98,7 +108,7 @@ def push_rows(ws, x: torch.Tensor, lengths: torch.Tensor, topk: int) -> None:
 
 def merge_step(ws, rows: int, topk: int):
     """One rank's merge of a step into poisoned outputs: (global ids, local ids, counts) on the CPU."""
-    from torch_sparse_decode.kernels import dcp_step as kernels
+    from torch_sparse_decode.ops.dcp import step as kernels
 
     device = ws.buffer.device
     outs = [torch.full((rows, topk), -7, dtype=torch.int32, device=device) for _ in range(2)]

@@ -32,7 +32,11 @@ import torch
 import oracle
 import torch_sparse_decode as tsd
 from dcp_cases import canonical_rows
-from torch_sparse_decode import dcp, reference
+from torch_sparse_decode import dcp
+from torch_sparse_decode.ops.dcp import reference
+from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as indexer_reference
+from torch_sparse_decode.ops.moe_route.reference import moe_route as moe_route_reference
+from torch_sparse_decode.ops.select_candidate_blocks.reference import select_candidate_blocks as blocks_reference
 
 OPS = ("indexer_fp32", "indexer_bf16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
 WEIGHTS = (26, 14, 28, 9, 7, 4, 12)  # how often each op is drawn
@@ -203,7 +207,7 @@ def as_view(rng: random.Random, x: torch.Tensor) -> torch.Tensor:
 
 
 def tsd_engine():
-    from torch_sparse_decode.kernels import topk
+    from torch_sparse_decode.kernels import topk_engine as topk
 
     return topk
 
@@ -249,14 +253,14 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
         x = x.to(torch.bfloat16)
     x = as_view(rng, x)
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
-                       ranks=tsd_engine().cluster_size(rows, keys, sms()))
+                       ctas=tsd_engine().cluster_size(rows, keys, sms()))
     got, want = poisoned((rows, k), torch.int32), poisoned((rows, k), torch.int32)
     if op == "blocks":
         tsd.select_candidate_blocks(x, lengths, block, k, out=got)
-        reference.select_candidate_blocks(x, lengths, block, want)
+        blocks_reference(x, lengths, block, k, want)
     else:
         tsd.indexer_topk(x, lengths, k, out=got)
-        reference.indexer_topk(x, lengths, k, want)
+        indexer_reference(x, lengths, k, want)
     return first_difference(got, want)
 
 
@@ -319,7 +323,7 @@ def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> s
     tsd.moe_route(s, bias, topk, renormalize=renormalize, scale=scale, apply_sigmoid=apply_sigmoid,
                   out=(got_w, got_i))
     want_w, want_i = torch.empty_like(got_w), torch.empty_like(got_i)
-    reference.moe_route(s, bias, topk, renormalize, scale, apply_sigmoid, want_w, want_i)
+    moe_route_reference(s, bias, topk, renormalize, scale, apply_sigmoid, want_w, want_i)
     diff = first_difference(got_i, want_i)
     if diff:
         return "ids: " + diff

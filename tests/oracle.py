@@ -45,11 +45,11 @@ def topk_tokens(scores: torch.Tensor, lengths: torch.Tensor, k: int) -> torch.Te
     return torch.tensor(out, dtype=torch.int32).view(rows, k)
 
 
-def candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, k: int) -> torch.Tensor:
+def candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int) -> torch.Tensor:
     rows, width = logits.shape
     out = []
     for row in range(rows):
-        end = min(max(int(row_ends[row]), 0), width)
+        end = min(max(int(lengths[row]), 0), width)
         blocks = -(-end // block_size)
         if blocks == 0:
             out.append([-1] * k)

@@ -2,10 +2,9 @@ import pytest
 import torch
 
 import oracle
-from dcp_cases import count_saturated, mixed, saturating, shuffled
+from dcp_cases import count_saturated, mixed, one_rank_group, saturating, shuffled
 from inputs import DEVICES, KINDS
 from torch_sparse_decode import dcp
-from torch_sparse_decode.examples import one_rank_group
 
 
 def test_config_helpers_match_the_seed():
@@ -25,7 +24,7 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
     """Two groups set up with the same (K, N) and different max_rows: each keeps its own bound,
     the group-less answer is the smallest, and the CUDA op takes the one-round step exactly when
     the public helper says its group fits and the local width is within the group's max_local_len."""
-    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
 
     class Workspace:
         def __init__(self, max_local_len):
@@ -173,7 +172,7 @@ def test_init_rejects_bad_arguments():
 def test_the_step_check_names_the_ranks_once(monkeypatch):
     """dcp_topk_merge_check decodes the one-round error word: late ranks, ranks whose step had
     another row count; it reports an error once, and only the group's (and topk's) workspaces."""
-    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
+    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
 
     class Workspace:
         rank, timeout_ns = 0, int(2.5e9)
@@ -201,8 +200,9 @@ def test_the_step_check_names_the_ranks_once(monkeypatch):
 def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     """The engine picks its cluster size from CLUSTER_SIZES only, and warm_step compiles the ord16
     engine at each of them for both score dtypes, and the step's merge."""
-    kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
-    from torch_sparse_decode.kernels import dcp_merge, topk
+    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
+    from torch_sparse_decode.kernels import topk_engine as topk
+    from torch_sparse_decode.ops.dcp import merge as dcp_merge
 
     sizes = {topk.cluster_size(rows, width, sms) for rows in (1, 3, 8, 64, 600, 65535)
              for width in (1, 8192, 8193, 1 << 16, 1 << 17) for sms in (78, 132)}
@@ -214,3 +214,27 @@ def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     engines = {(dtype, ranks) for (dtype, pinned, ranks), kw in asked[:-1] if kw == {"ord16": True} and not pinned}
     assert engines == {(d, r) for d in (torch.float32, torch.bfloat16) for r in topk.CLUSTER_SIZES}
     assert asked[-1] == (4, 2048, True)
+
+
+@pytest.mark.gpu
+def test_init_builds_the_workspace_and_warms_the_step_where_every_rank_agrees(monkeypatch):
+    """init's one-round branch, on a one-rank group made to look like two agreeing GPU ranks: it
+    makes the group's workspace, compiles the step's variants, then runs the warm steps (one per
+    score dtype) on the one-round path. (It once called the workspace maker through a module that
+    did not define it, an AttributeError no single-GPU test reached.)"""
+    from torch_sparse_decode.ops.dcp import kernel, step
+
+    group = one_rank_group()
+    calls = []
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dcp, "_local_support", lambda *args: (True, ""))
+    monkeypatch.setattr(dcp, "_agree", lambda *args: True)
+    monkeypatch.setattr(step, "make_workspace", lambda *args: calls.append(("workspace", args[1], args[3])) or "ws")
+    monkeypatch.setattr(kernel, "warm_step", lambda *args: calls.append(("warm", *args)))
+    monkeypatch.setattr(dcp, "dcp_topk_merge", lambda scores, *args: calls.append(("step", scores.dtype)))
+    try:
+        assert dcp.init_dcp_topk_merge(group, 2048, 8) == dcp.dcp_merge_local_topk(2048, 2)
+        assert dcp.dcp_group(group, 2048).workspace == "ws"
+    finally:
+        dcp.GROUPS.pop((group.group_name, 2048), None)
+    assert calls == [("workspace", 2, 2048), ("warm", 2, 2048), ("step", torch.float32), ("step", torch.bfloat16)]

@@ -24,9 +24,9 @@ if torch.cuda.is_available():
 else:
     DEVICE = "cpu"
     pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
-kernels = pytest.importorskip("torch_sparse_decode.kernels.dcp", reason="triton not installed")
-from torch_sparse_decode.kernels import dcp_step  # noqa: E402  (after the importorskip)
-from torch_sparse_decode.kernels.dcp_pack import _ord16 as _pack_ord16  # noqa: E402
+kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
+from torch_sparse_decode.ops.dcp import step as dcp_step  # noqa: E402  (after the importorskip)
+from torch_sparse_decode.ops.dcp.pack import _ord16 as _pack_ord16  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -408,7 +408,7 @@ def test_the_step_pack_compiles_once_per_score_dtype():
     """A step's pack takes scores of any width and offset: after one step per dtype no other
     width (multiple of 16 or not, 1) or misaligned view compiles another variant, so
     ``init_dcp_topk_merge``'s warm steps leave nothing to compile inside a graph capture."""
-    from torch_sparse_decode.kernels import dcp_pack
+    from torch_sparse_decode.ops.dcp import pack as dcp_pack
 
     caches = getattr(dcp_pack._pack_rows, "device_caches", None)
     if caches is None:

@@ -5,9 +5,9 @@ import torch
 
 cute = pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl not installed")
 
-from torch_sparse_decode.kernels import moe_route  # noqa: E402
+from torch_sparse_decode.ops.moe_route import kernel as moe_route  # noqa: E402
 
-topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="triton not installed")
+topk = pytest.importorskip("torch_sparse_decode.kernels.topk_engine", reason="triton not installed")
 
 MOE_CONFIGS = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
@@ -37,10 +37,106 @@ def test_topk_engine_profile_build_compiles():
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 100), (16, 64), (2, 4096), (16, 4096)])
 def test_dcp_merge_compiles(world_size, topk):
     """The CuTe DCP merge, simulated and in a step, at the fewest and the most candidates per row."""
-    from torch_sparse_decode.kernels import dcp_merge
+    from torch_sparse_decode.ops.dcp import merge as dcp_merge
 
     for exchange in (False, True):
         assert dcp_merge.compiled(world_size, topk, exchange) is not None
+
+
+def _small_route_kernel(built: list):
+    from torch_sparse_decode.kernels.compile import cached_kernel, fake_stream, fake_tensor
+
+    @cached_kernel("cache_test")
+    def compiled(experts: int, topk: int = 8):
+        built.append(experts)
+        tokens = cute.sym_int()
+        kernel = moe_route.MoeRoute(experts, topk, True, False)
+        return cute.compile(kernel, fake_tensor(cute.Float32, (tokens, experts), (experts, 1)),
+                            fake_tensor(cute.Float32, (experts,), (1,)), cute.Float32(1.0),
+                            fake_tensor(cute.Float32, (tokens, topk), (topk, 1)),
+                            fake_tensor(cute.Int32, (tokens, topk), (topk, 1)), fake_stream(),
+                            options="--enable-tvm-ffi")
+
+    return compiled
+
+
+def test_a_new_process_loads_compiled_kernels_from_the_disk_cache(tmp_path, monkeypatch):
+    """The first compile writes an object file; with the process's cache emptied, the same kernel
+    at the same configuration (however its arguments are spelled) loads from it and is not
+    compiled again. Another configuration compiles."""
+    from torch_sparse_decode.kernels import compile as helper
+
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
+    built = []
+    compiled = _small_route_kernel(built)
+    first = compiled(64)
+    assert first is not None and built == [64]
+    assert [p.suffix for p in tmp_path.iterdir()] == [".o"]
+    assert compiled(64) is first and built == [64]  # the process's cache
+
+    helper.clear_memory()  # as a new process
+    loaded = compiled(64, topk=8)
+    assert loaded is not None and loaded is not first and built == [64]
+    compiled(32)
+    assert built == [64, 32] and len(list(tmp_path.iterdir())) == 2
+
+
+def test_the_disk_cache_is_off_at_0_and_survives_a_bad_file(tmp_path, monkeypatch):
+    from torch_sparse_decode.kernels import compile as helper
+
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", "0")
+    assert helper.cache_dir() is None
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
+    built = []
+    compiled = _small_route_kernel(built)
+    path, _ = helper._entry("cache_test", (16, 8))
+    path.write_bytes(b"not an object file")
+    assert compiled(16) is not None and built == [16]  # compiled anew, and the file replaced
+    helper.clear_memory()
+    compiled(16)
+    assert built == [16]
+
+
+@pytest.mark.gpu
+def test_kernels_from_the_disk_cache_give_the_same_answers(tmp_path, monkeypatch):
+    """Every op's answers from kernels loaded off the disk cache equal those of freshly compiled
+    ones, on poisoned outputs (the routing kernel, the engine at 1 and 8 CTAs a row, fp32 and bf16,
+    block keys, and the DCP merge)."""
+    import torch_sparse_decode as tsd
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels import compile as helper
+
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
+    gen = torch.Generator().manual_seed(3)
+    scores = torch.rand(33, 896, generator=gen).cuda()
+    bias = torch.randn(896, generator=gen).cuda()
+    wide = torch.randn(2, 1 << 17, generator=gen).cuda()
+    ends = torch.tensor([1 << 17, 70001], dtype=torch.int32, device="cuda")
+    local = torch.randn(2, 3, 8192, generator=gen).cuda()
+    local_lengths = torch.full((2, 3), 8192, dtype=torch.int32, device="cuda")
+
+    def run():
+        weights = torch.full((33, 16), float("nan"), device="cuda")
+        ids = torch.full((33, 16), -7, dtype=torch.int32, device="cuda")
+        tsd.moe_route(scores, bias, 16, scale=2.5, out=(weights, ids))
+        outs = [weights, ids]
+        for x in (wide, wide.bfloat16(), wide[:1, :5000]):
+            outs.append(tsd.indexer_topk(x, ends[:x.shape[0]], 2048,
+                                         out=torch.full((x.shape[0], 2048), -7, dtype=torch.int32, device="cuda")))
+        outs.append(tsd.select_candidate_blocks(wide, ends, 8, 1024,
+                                                out=torch.full((2, 1024), -7, dtype=torch.int32, device="cuda")))
+        outs.extend(dcp.simulate_dcp_topk(local, local_lengths, 2048))
+        torch.cuda.synchronize()
+        return outs
+
+    helper.clear_memory()
+    fresh = run()
+    assert any(tmp_path.iterdir())
+    helper.clear_memory()
+    monkeypatch.setattr(cute, "compile", lambda *a, **k: pytest.fail("compiled instead of loading"))
+    loaded = run()
+    for a, b in zip(fresh, loaded):
+        assert torch.equal(a, b)
 
 
 def test_triton_kernels_compile_for_sm90():
@@ -70,7 +166,7 @@ def test_engine_gated_copy_limits_cover_the_widest_rows():
     """The one-read path tags each copied id with its (tile, warp) part above ID_BITS and keeps
     MAX_TILES parts per warp: both must hold for the widest rows the ops accept (a span may
     start up to one 16-byte chunk before its first key)."""
-    from torch_sparse_decode import ops
+    from torch_sparse_decode import limits as ops
 
     assert ops.TOPK_MAX_WIDTH <= 1 << topk.ID_BITS
     assert -(-(ops.TOPK_MAX_WIDTH + 7) // topk.TILE) <= topk.MAX_TILES

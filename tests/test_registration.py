@@ -7,9 +7,18 @@ import torch
 
 import torch_sparse_decode as tsd
 from inputs import DEVICES
-from torch_sparse_decode.examples import one_rank_group
+from dcp_cases import one_rank_group
 from torch_sparse_decode import dcp
-from torch_sparse_decode.kernels import CUDA_KERNELS
+
+# op -> the module of its CUDA kernel (a function of the op's name, and warm)
+CUDA_KERNELS = {
+    "moe_route": "moe_route.kernel",
+    "select_candidate_blocks": "select_candidate_blocks.kernel",
+    "indexer_topk": "indexer_topk.kernel",
+    "dcp_pack": "dcp.kernel",
+    "dcp_merge": "dcp.kernel",
+    "dcp_topk_merge": "dcp.kernel",
+}
 
 
 def op_cases(device):
@@ -29,7 +38,7 @@ def op_cases(device):
     merged = lambda: (torch.empty(3, 64, **i32), torch.empty(3, 64, **i32), torch.empty(3, **i32))  # noqa: E731
     return {
         "moe_route": (scores, bias, 4, True, 1.5, False, torch.empty(5, 4, **f32), torch.empty(5, 4, **i32)),
-        "select_candidate_blocks": (logits, ends, 8, torch.empty(3, 10, **i32)),
+        "select_candidate_blocks": (logits, ends, 8, 10, torch.empty(3, 10, **i32)),
         "indexer_topk": (tokens, lengths, 16, torch.empty(3, 16, **i32)),
         "dcp_pack": (tokens, lengths, 4, 1, 64, torch.empty_like(packed), torch.empty_like(rescue)),
         "dcp_merge": (gathered, rescues, 64, 2, *merged()),
@@ -117,12 +126,13 @@ bad("moe_route", _set(4, float("nan")), ValueError, "scale must be finite")
 bad("moe_route", _set(4, float("inf")), ValueError, "scale must be finite")
 bad("select_candidate_blocks", _set(0, lambda t: t.bfloat16()), TypeError, "logits must have dtype float32")
 bad("select_candidate_blocks", _set(0, lambda t: t[:, ::2]), ValueError, "logits must have unit stride")
-bad("select_candidate_blocks", _set(1, lambda t: t.long()), TypeError, "row_ends must have dtype int32")
-bad("select_candidate_blocks", _set(1, lambda t: t[:2]), ValueError, "row_ends must have shape")
+bad("select_candidate_blocks", _set(1, lambda t: t.long()), TypeError, "lengths must have dtype int32")
+bad("select_candidate_blocks", _set(1, lambda t: t[:2]), ValueError, "lengths must have shape")
 bad("select_candidate_blocks", _set(2, 0), ValueError, "block_size must be in")
 bad("select_candidate_blocks", _set(2, 257), ValueError, "block_size must be in")
-bad("select_candidate_blocks", _set(3, lambda t: t[:2]), ValueError, "out must have 3 rows")
-bad("select_candidate_blocks", _set(3, lambda t: torch.empty(3, 4097, dtype=torch.int32)), ValueError, "k")
+bad("select_candidate_blocks", _set(4, lambda t: t[:2]), ValueError, "out must have 3 rows")
+bad("select_candidate_blocks", _set(3, 4097), ValueError, "k must be in")
+bad("select_candidate_blocks", _set(3, 9), ValueError, "out must have k = 9 columns")
 bad("indexer_topk", _set(0, lambda t: t.half()), TypeError, "scores must have dtype float32 or bfloat16")
 bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths must be 1-D")
 bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")
@@ -200,7 +210,7 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
         "for name in ('triton', 'cutlass', 'tvm_ffi'):\n"
         "    sys.modules[name] = None  # makes `import name` fail\n"
         "import torch_sparse_decode as tsd\n"
-        "from torch_sparse_decode.examples import run_examples\n"
+        "from torch_sparse_decode.demo import run_examples\n"
         "import torch\n"
         "rows = run_examples(torch.device('cpu'), check=True)\n"
         "assert all(r['ok'] for r in rows), rows\n"
@@ -213,5 +223,5 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
 @pytest.mark.parametrize("op", sorted(CUDA_KERNELS))
 def test_cuda_kernel_module_contract(op):
     """Each op's kernel module defines the op's function and ``warm`` (what warmup() calls on CUDA)."""
-    module = importlib.import_module(f"torch_sparse_decode.kernels.{CUDA_KERNELS[op]}")
+    module = importlib.import_module(f"torch_sparse_decode.ops.{CUDA_KERNELS[op]}")
     assert callable(getattr(module, op)) and callable(getattr(module, "warm"))

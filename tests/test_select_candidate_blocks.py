@@ -6,15 +6,15 @@ import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
 
 
-def run(x, row_ends, block_size, k, device):
+def run(x, lengths, block_size, k, device):
     out = poisoned((x.shape[0], k), torch.int32, device)
-    tsd.select_candidate_blocks(x.to(device), row_ends.to(device), block_size, k, out=out)
+    tsd.select_candidate_blocks(x.to(device), lengths.to(device), block_size, k, out=out)
     return out.cpu()
 
 
-def check(x, row_ends, block_size, k, device):
-    got = run(x, row_ends, block_size, k, device)
-    want = oracle.candidate_blocks(x, row_ends, block_size, k)
+def check(x, lengths, block_size, k, device):
+    got = run(x, lengths, block_size, k, device)
+    want = oracle.candidate_blocks(x, lengths, block_size, k)
     assert torch.equal(got, want)
     return got
 

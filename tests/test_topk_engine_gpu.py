@@ -10,7 +10,7 @@ import torch_sparse_decode as tsd
 from inputs import KINDS, poisoned, scores
 
 pytestmark = pytest.mark.gpu
-topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="CuTe DSL / Triton not installed")
+topk = pytest.importorskip("torch_sparse_decode.kernels.topk_engine", reason="CuTe DSL / Triton not installed")
 
 # Widths whose cluster sizes are 1, 2, 4 and 8 CTAs per row, for ROWS rows per call.
 WIDTHS = [6000, 12000, 30000, 300000]

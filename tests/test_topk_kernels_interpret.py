@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from inputs import KINDS, scores
-from torch_sparse_decode import reference
+from torch_sparse_decode.ops.select_candidate_blocks import reference
 from torch_sparse_decode.order import canonical
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") != "1",
     reason="interpreter run for CPU-only machines; GPU tests cover the compiled kernels",
 )
-topk = pytest.importorskip("torch_sparse_decode.kernels.topk", reason="triton / CuTe DSL not installed")
+blocks = pytest.importorskip("torch_sparse_decode.ops.select_candidate_blocks.kernel", reason="triton / CuTe DSL not installed")
 
 
 def unsigned_key(x: torch.Tensor) -> torch.Tensor:
@@ -32,7 +32,7 @@ def test_block_keys_match_reference_scores(kind, block_size, keep_all):
     width = 37 * bs + 5
     ends = torch.tensor([width, 0, 1, bs - 1, bs, bs + 1, 36 * bs, 36 * bs + 1, width + 9, -4], dtype=torch.int32)
     x = scores(kind, (ends.numel(), width), seed=block_size)
-    keys = topk.block_keys(x, ends, block_size, keep_all).to(torch.int64) & 0xFFFFFFFF
+    keys = blocks.block_keys(x, ends, block_size, keep_all).to(torch.int64) & 0xFFFFFFFF
     want = unsigned_key(reference.block_scores(x, ends, block_size))
     valid = (ends.clamp(0, width).to(torch.int64) + bs - 1) // bs
     checked = 0

@@ -8,7 +8,7 @@ Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
 - ``dcp``: the decode-context-parallel top-K merge (pack, one-round merge with rescue, generic
   merge, process-group entry points and the seed's config helpers).
 
-Every selection follows one order (``order.py``): NaN as -inf, -0.0 as +0.0, larger score first,
+Every selection follows one order (``order``): NaN as -inf, -0.0 as +0.0, larger score first,
 then the lower id.
 """
 
@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from . import dcp, kernels, ops, order  # noqa: F401  (kernels registers the CUDA implementations)
+from . import dcp, ops, order  # noqa: F401  (ops registers every op)
 from ._library import register_warmup, registered_ops, run_warmups
-from .api import indexer_topk, moe_route, select_candidate_blocks
+from .ops.indexer_topk.op import indexer_topk
+from .ops.moe_route.op import moe_route
+from .ops.select_candidate_blocks.op import select_candidate_blocks
 
 __version__ = "0.1.0"
 
@@ -41,15 +43,13 @@ def _run_every_op(device: torch.device) -> None:
 
     No process group is created, joined or used (a collective here would hang unless every rank
     called warmup): the full DCP step over a group warms in ``init_dcp_topk_merge``."""
-    from . import api, dcp
-
     gen = torch.Generator().manual_seed(0)
     scores = torch.rand(8, 896, generator=gen).to(device)
-    api.moe_route(scores, torch.zeros(896, device=device), 16, scale=2.5)
+    moe_route(scores, torch.zeros(896, device=device), 16, scale=2.5)
     logits = torch.randn(4, 1 << 17, generator=gen).to(device)
     ends = torch.tensor([1 << 17, 9000, 64, 0], dtype=torch.int32, device=device)
-    api.select_candidate_blocks(logits, ends, 64, 2048)
-    api.indexer_topk(logits, ends, 2048)
+    select_candidate_blocks(logits, ends, 64, 2048)
+    indexer_topk(logits, ends, 2048)
     world, local = 4, torch.randn(4, 4, 16384, generator=gen).to(device)
     lengths = torch.full((world, 4), 16384, dtype=torch.int32, device=device)
     dcp.simulate_dcp_topk(local, lengths, 2048)

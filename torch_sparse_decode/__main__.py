@@ -8,7 +8,7 @@ import sys
 import torch
 
 from . import __version__, warmup
-from .examples import run_examples
+from .demo import run_examples
 
 
 def main() -> int:

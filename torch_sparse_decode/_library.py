@@ -2,9 +2,10 @@
 
 Each op is a ``torch.library.custom_op`` that writes into caller-owned outputs and returns nothing:
 
-- the reference (pure torch) is the default implementation, so it is the CPU kernel and, until a
-  kernel issue registers a real one, also serves CUDA tensors;
-- ``register_kernel(name, "cuda")`` installs the fast kernel for a device;
+- the reference (pure torch) is the default implementation: the CPU kernel;
+- ``cuda`` names the module of the op's CUDA kernel (a function of the op's name, and
+  ``warm(device)``), imported on first use, so importing the package needs neither CuTe DSL nor
+  Triton. Where the module cannot load, the op warns and serves CUDA tensors by its reference;
 - the fake implementation only checks the arguments (outputs already exist, nothing to allocate);
 - every implementation runs the op's ``check`` first, so a bad argument raises a ``TypeError`` or
   ``ValueError`` naming it before anything is launched, on every device and under
@@ -18,18 +19,24 @@ from __future__ import annotations
 import functools
 import numbers
 import operator
+import warnings
+from types import ModuleType
 from typing import Callable, Iterable, Sequence
 
 import torch
 
+from .limits import TOPK_MAX_K, TOPK_MAX_ROWS, TOPK_MAX_WIDTH
+
 NAMESPACE = "sparse_decode"
 
 _OPS: dict[str, "torch._library.custom_ops.CustomOpDef"] = {}
-_CHECKS: dict[str, Callable[..., None]] = {}
+_WARMED: list[Callable[[], ModuleType]] = []  # kernel modules with a warmup hook
 
 
-def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]):
-    """Decorator: register ``fn`` (the reference) as ``sparse_decode::name``, checked by ``check``."""
+def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None],
+              cuda: Callable[[], ModuleType] | None = None):
+    """Decorator: register ``fn`` (the reference) as ``sparse_decode::name``, checked by ``check``.
+    ``cuda()`` imports the module of the CUDA kernel (see the module docstring)."""
 
     def wrap(reference: Callable[..., None]):
         checked = _checked(reference, check)
@@ -39,21 +46,45 @@ def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]
         def _fake(*args, **kwargs):
             check(*args, **kwargs)
 
+        if cuda is not None:
+            kernel = _lazy_kernel(name, cuda, reference)
+            op.register_kernel("cuda")(_checked(kernel, check))
+            if cuda not in _WARMED:
+                _WARMED.append(cuda)
+                register_warmup(functools.partial(_warm_kernels, cuda))
         _OPS[name] = op
-        _CHECKS[name] = check
         return op
 
     return wrap
 
 
-def register_kernel(name: str, device_type: str):
-    """Decorator: ``fn`` becomes the ``device_type`` kernel of ``sparse_decode::name``."""
+def _load(cuda: Callable[[], ModuleType]) -> ModuleType | None:
+    try:
+        return cuda()
+    except ImportError as err:
+        warnings.warn(f"torch_sparse_decode: a CUDA kernel is unavailable ({err}); using the reference on CUDA")
+        return None
 
-    def wrap(kernel: Callable[..., None]):
-        _OPS[name].register_kernel(device_type)(_checked(kernel, _CHECKS[name]))
-        return kernel
 
-    return wrap
+def _lazy_kernel(name: str, cuda: Callable[[], ModuleType], reference: Callable[..., None]) -> Callable[..., None]:
+    resolved: list[Callable[..., None]] = []
+
+    @functools.wraps(reference)
+    def kernel(*args, **kwargs) -> None:
+        if not resolved:
+            module = _load(cuda)
+            resolved.append(getattr(module, name) if module else reference)
+        # Kernels launch on the current device's current stream: make that the inputs' device.
+        with torch.cuda.device(args[0].device):
+            resolved[0](*args, **kwargs)
+
+    return kernel
+
+
+def _warm_kernels(cuda: Callable[[], ModuleType], device: torch.device) -> None:
+    """Compile a kernel module's common configurations (the rest compile on first call)."""
+    if device.type == "cuda" and (module := _load(cuda)) is not None:
+        module.warm(device)
 
 
 def registered_ops() -> dict[str, object]:
@@ -158,6 +189,45 @@ def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.T
             (a0, a1), (b0, b1) = spans[a], spans[b]
             if a0 < b1 and b0 < a1:
                 raise ValueError(f"{a} must not overlap {b} in memory")
+
+
+_INT32 = (torch.int32,)
+
+
+def check_lengths(lengths: object, name: str, rows: int) -> torch.Tensor:
+    check_tensor(lengths, name, dtypes=_INT32, ndim=1)
+    check_shape(lengths, name, (rows,))
+    return lengths
+
+
+def check_rows(rows: int, name: str) -> None:
+    if rows > TOPK_MAX_ROWS:
+        raise ValueError(f"{name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
+
+
+def check_topk_rows(scores, scores_name, dtypes, lengths, k, out) -> None:
+    """The arguments the top-k ops share: scores [rows, width], lengths [rows], k, out [rows, k]."""
+    check_int(k, "k", 1, TOPK_MAX_K)
+    check_tensor(scores, scores_name, dtypes=dtypes, ndim=2, contiguous=False, inner_contiguous=True)
+    rows, width = scores.shape
+    if width > TOPK_MAX_WIDTH:
+        raise ValueError(f"{scores_name} may have at most {TOPK_MAX_WIDTH} columns, got {width}")
+    check_rows(rows, scores_name)
+    check_lengths(lengths, "lengths", rows)
+    check_tensor(out, "out", dtypes=_INT32, ndim=2)
+    if out.shape[0] != rows:
+        raise ValueError(f"out must have {rows} rows (one per {scores_name} row), got {out.shape[0]}")
+    if out.shape[1] != k:
+        raise ValueError(f"out must have k = {k} columns, got {out.shape[1]}")
+    check_same_device(scores, scores_name, lengths=lengths, out=out)
+    check_no_overlap({"out": out}, {scores_name: scores, "lengths": lengths})
+
+
+def topk_out(like: object, name: str, k: int) -> torch.Tensor:
+    """The top-k wrappers' output when the caller passes none: int32 [rows of ``like``, k]."""
+    check_is_tensor(like, name)
+    rows = like.shape[0] if like.dim() >= 1 else 0
+    return torch.empty(rows, k, dtype=torch.int32, device=like.device)
 
 
 # ---------------------------------------------------------------------------------------------

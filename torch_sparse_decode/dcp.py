@@ -1,4 +1,4 @@
-"""DCP decode top-k merge: the exact global top-K across decode-context-parallel ranks (SPEC 2.3).
+"""DCP decode top-k merge: the exact global top-K across decode-context-parallel ranks.
 
 Local position ``l`` on rank ``r`` of a W-rank group is global token ``l * W + r``. Every rank
 scores its own tokens; every rank needs the same exact global top-K, ranked on bf16-rounded scores
@@ -10,7 +10,7 @@ Two paths, bit-identical by construction (the same keys, the same order):
   once, and every rank merges them, replacing each saturated rank's row by its local top-K (its
   rescue row). On GPUs (``init_dcp_topk_merge`` returned N > 0 and the step fits its workspace)
   the whole step is the ``dcp_topk_merge`` op's CUDA kernel: pack, push into the peers'
-  symmetric memory, bounded wait, merge reading rescue rows from the peers (``kernels/dcp_step.py``).
+  symmetric memory, bounded wait, merge reading rescue rows from the peers.
   As separate ops (``pack_candidates``, ``merge_packed``) it runs anywhere; on a CPU/gloo group
   ``dcp_topk_merge(..., local_topk=N)`` fetches the rescue rows with a second all-gather;
 - generic: every rank exchanges its full local top-K as int64 keys and merges them.
@@ -25,11 +25,11 @@ import logging
 import torch
 import torch.distributed as dist
 
-from . import ops
 from ._library import check_int
-from .reference import DcpStepError, check_step
-from .reference import all_gather_rows as _all_gather
-from .dcp_config import (
+from .limits import TOPK_MAX_K, TOPK_MAX_ROWS
+from .ops.dcp.reference import DcpStepError, check_step
+from .ops.dcp.reference import all_gather_rows as _all_gather
+from .ops.dcp.config import (
     GROUPS,
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
@@ -87,7 +87,7 @@ def _rows(t: object, name: str, ndim: int) -> int:
 
 def _group_ints(world_size, rank, topk) -> tuple[int, int, int]:
     world_size = check_int(world_size, "world_size", 1, MAX_WORLD_SIZE)
-    return world_size, check_int(rank, "rank", 0, world_size - 1), check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    return world_size, check_int(rank, "rank", 0, world_size - 1), check_int(topk, "topk", 1, TOPK_MAX_K)
 
 
 def _merge_outputs(rows: int, topk: int, device: torch.device):
@@ -125,7 +125,7 @@ def merge_packed(
     ``gathered`` int32 [W, T, words]: every rank's packed row; ``rescue`` int32 [W, T, words']:
     every rank's rescue row (only saturated ranks' rows are used). Ids ascending, -1 padded.
     """
-    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    topk = check_int(topk, "topk", 1, TOPK_MAX_K)
     rank = check_int(rank, "rank", 0, MAX_WORLD_SIZE - 1)
     global_ids, local_ids, local_count = _merge_outputs(_rows(gathered, "gathered", 3), topk, gathered.device)
     torch.ops.sparse_decode.dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count)
@@ -160,7 +160,7 @@ def simulate_dcp_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int, *,
         global_ids int32 [T, topk] (rank 0's; every rank merges the same rows); with
         ``return_local`` also each rank's (local_ids [W, T, topk], local_count [W, T]).
     """
-    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    topk = check_int(topk, "topk", 1, TOPK_MAX_K)
     if not isinstance(scores, torch.Tensor) or scores.dim() != 3:
         raise ValueError("scores must be a [W, T, L] tensor")
     if not isinstance(lengths, torch.Tensor) or tuple(lengths.shape) != tuple(scores.shape[:2]):
@@ -199,7 +199,7 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
     try:
         import torch.distributed._symmetric_memory  # noqa: F401
 
-        from .kernels import dcp as _kernels  # noqa: F401  (triton)
+        from .ops.dcp import kernel  # noqa: F401  (triton)
     except ImportError as err:
         return False, f"symmetric memory or triton unavailable ({err})"
     device = torch.cuda.current_device()
@@ -216,11 +216,11 @@ MAX_WORKSPACE_WORDS = (1 << 31) - 1
 def _argument_error(topk, max_rows, max_local_len, timeout_s, world_size: int) -> str:
     """What is wrong with this rank's arguments to ``init_dcp_topk_merge``, or ''."""
     try:
-        check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+        check_int(topk, "topk", 1, TOPK_MAX_K)
     except (TypeError, ValueError) as err:
         return str(err)
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or not 1 <= max_rows <= ops.TOPK_MAX_ROWS:
-        return f"max_rows must be an int in [1, {ops.TOPK_MAX_ROWS}], got {max_rows!r}"
+    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or not 1 <= max_rows <= TOPK_MAX_ROWS:
+        return f"max_rows must be an int in [1, {TOPK_MAX_ROWS}], got {max_rows!r}"
     local_topk = dcp_merge_local_topk(topk, world_size) if 1 <= world_size <= MAX_WORLD_SIZE else 0
     if local_topk:
         words = workspace_words(world_size, topk, local_topk, max_rows)
@@ -302,15 +302,15 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     local_topk = dcp_merge_local_topk(topk, world_size) if agreed else 0
     state = DcpGroup(name, topk, local_topk, max_rows, max_local_len, timeout_s)
     if local_topk:
-        from .kernels import dcp as kernels
+        from .ops.dcp import kernel, step
 
         device = torch.device("cuda", torch.cuda.current_device())
-        state.workspace = kernels.make_workspace(
+        state.workspace = step.make_workspace(
             name, world_size, dist.get_rank(group), topk, local_topk, max_rows, device, timeout_s,
             max_local_len or 1 << LOCAL_INDEX_BITS)
     GROUPS[(name, topk)] = state  # before the warm steps, which take the one-round path
     if local_topk:
-        kernels.warm_step(world_size, topk)  # no compile may happen inside a graph capture
+        kernel.warm_step(world_size, topk)  # no compile may happen inside a graph capture
         # Steps in lockstep on every rank, both score dtypes: they prove the exchange.
         for dtype in (torch.float32, torch.bfloat16):
             warm = torch.zeros(1, 64, dtype=dtype, device=device)
@@ -359,7 +359,7 @@ def dcp_topk_merge(
         local_topk: testing aid for CPU groups: N runs the one-round algorithm there, its rescue
             rows fetched by a second all-gather (standing in for the symmetric-memory read).
     """
-    topk = check_int(topk, "topk", 1, ops.TOPK_MAX_K)
+    topk = check_int(topk, "topk", 1, TOPK_MAX_K)
     group = group if group is not None else dist.group.WORLD
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if local_topk:

@@ -1,4 +1,4 @@
-"""The library's one total order over ``(score, id)`` pairs (SPEC section 1).
+"""The library's one total order over ``(score, id)`` pairs.
 
 1. canonicalize the score: NaN becomes -inf, -0.0 becomes +0.0;
 2. larger score first;
@@ -87,3 +87,23 @@ def ascending_ids(ids: torch.Tensor, live: torch.Tensor, k: int) -> torch.Tensor
     width = min(k, ordered.shape[-1])
     out[:, :width] = ordered[:, :width]
     return out
+
+
+# Valid-prefix selection, shared by the top-k references.
+
+
+def ascending_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
+    """Column ids of the best ``k`` live keys of each row (``KEY_NONE`` = not live), ascending."""
+    best, index = topk_by_key(keys, k)
+    return ascending_ids(index, best != KEY_NONE, k)
+
+
+def prefix_keys(scores: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Composite keys of each row's columns, ``KEY_NONE`` at and beyond ``ends`` (already clamped)."""
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    keys = composite_key(canonical(scores), columns)
+    return torch.where(columns < ends[:, None], keys, KEY_NONE)
+
+
+def clamped_lengths(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    return lengths.to(torch.int64).clamp(0, width)

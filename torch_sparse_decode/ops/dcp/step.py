@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..dcp_config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots, workspace_words
-from .dcp_merge_triton import MERGE_WARPS, NO_WAIT, _bitmap_words, _dcp_merge
-from .dcp_pack import _pack_rows
+from .config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots, workspace_words
+from .merge_triton import MERGE_WARPS, NO_WAIT, _bitmap_words, _dcp_merge
+from .pack import _pack_rows
 
 # The merge on CUDA tensors: "cute" (kernels/dcp_merge.py, shipped) or "triton" (``_dcp_merge``,
 # which the CPU interpreter runs in CI); bench_dcp.py times both.
@@ -117,7 +117,7 @@ def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, g
 
 def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, ids: torch.Tensor) -> None:
     """The rank's local top-K (``ids.shape[1]``) by bf16 ord16 (the CuTe engine), ids ascending, -1 padded."""
-    from .topk import select_ord16
+    from ...kernels.topk_engine import select_ord16
 
     if scores.shape[1]:
         select_ord16(scores, lengths, ids.shape[1], ids)
@@ -140,7 +140,7 @@ def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor,
     """Wait for every rank's rows of the step, merge them, advance the step."""
     w = ws.world_size
     if _cute_merge(global_ids):
-        from .dcp_merge import compiled
+        from .merge import compiled
 
         compiled(w, ws.topk, True)(
             ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,

@@ -1,4 +1,4 @@
-"""Configuration helpers of the one-round DCP decode top-k merge, exactly as seed 000 defines them.
+"""Configuration helpers of the one-round DCP decode top-k merge (the B' layout and its sizes).
 
 Import-light on purpose: model construction asks these before any kernel exists.
 
@@ -69,6 +69,11 @@ def dcp_merge_local_topk(topk: int, world_size: int) -> int:
 def packed_row_words(local_topk: int) -> int:
     """int32 words per packed row: N candidate words + N/32 bit-plane words."""
     return local_topk + local_topk // _WARP
+
+
+def packed_row_slots(words: int) -> int:
+    """The inverse of ``packed_row_words``: the slots of a packed row of ``words`` int32 words."""
+    return words * _WARP // (_WARP + 1)
 
 
 def rescue_slots(topk: int, local_topk: int) -> int:

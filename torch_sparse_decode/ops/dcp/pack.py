@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..dcp_config import rescue_row_slots
+from .config import packed_row_slots, rescue_row_slots
 
 
 @triton.jit
@@ -119,7 +119,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     and among equal ord16 the first ones in the row are the lower ids (the merge's tie order).
     EXCHANGE: both rows go to this rank's symmetric buffer at the step's parity, then the packed
     row is stored into every peer's buffer (same offset), every word as an 8-byte unit tagged
-    with the step's tag (``_step_tag``): no flag and no release fence (a system-scope fence waits for
+    with the step's tag (``step_tag``): no flag and no release fence (a system-scope fence waits for
     the remote stores' round trip); readers poll the tags. EARLY_MERGE: the step's merge
     (launched as a programmatic dependent) may start now; it orders itself by the tags."""
     if EARLY_MERGE:
@@ -129,7 +129,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     if EXCHANGE:
         seq = tl.load(state)
         parity = seq & 1
-        tag = _step_tag(seq)
+        tag = step_tag(seq)
         packed += parity * parity_packed
         rescue += parity * parity_rescue
     slot = tl.arange(0, SLOTS)
@@ -169,7 +169,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
 
 
 @triton.jit
-def _step_tag(seq):
+def step_tag(seq):
     """A step's tag: its sequence number (15 bits) and its row count (the grid), never 0, so a
     reader tells a unit of this step from one of an earlier step or of a peer's step of other rows."""
     return (((seq & 0x7FFF) << 16) | tl.num_programs(0)).to(tl.int32)
@@ -178,7 +178,7 @@ def _step_tag(seq):
 def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
     """B' rows from the local top-K ``ids`` (ascending, -1 padded) of ``scores``."""
     rows, topk = ids.shape
-    n = packed.shape[1] * 32 // 33
+    n = packed_row_slots(packed.shape[1])
     slots = rescue_row_slots(topk)
     if rows:
         _pack_rows[(rows,)](

@@ -1,4 +1,5 @@
-"""CUDA kernels of ``select_candidate_blocks`` and ``indexer_topk``: one exact top-k engine.
+"""The exact top-k engine behind ``select_candidate_blocks``, ``indexer_topk`` and the DCP pack's
+local select (CuTe DSL).
 
 The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of each row's first
 ``n`` keys, ascending, -1 padded, optionally followed by a pinned id (the newest block).
@@ -29,16 +30,9 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace).
 
-Block scores (``select_candidate_blocks``) are first reduced to one key per valid block by a small
-Triton kernel (``_block_keys``, any block size) into a scratch buffer; the
-engine then reads ``ceil(width / block_size)`` keys per row instead of the logits.
-
-Why CuTe DSL for the select: it needs shared-memory atomics, warp votes, cluster barriers and
-distributed shared memory, none of which Triton exposes. Why Triton for block keys: a masked 2-D
-max over any block size is a few lines there, and it runs on the CPU interpreter in CI.
-Measured (H200, benchmarks/RESULTS.md): exact on every test, 3.7-17.5x faster than the torch
-baselines; the SPEC bar is met for block rows of <= k blocks (2.2-4.0 us), not yet elsewhere.
-docs/topk_engine.md says where the time goes and which attempts did not pay.
+Why CuTe DSL: the select needs shared-memory atomics, warp votes, cluster barriers and
+distributed shared memory, none of which Triton exposes. docs/topk_engine.md says where the time
+goes and which attempts did not pay.
 """
 
 from __future__ import annotations
@@ -46,14 +40,13 @@ from __future__ import annotations
 import functools
 
 import torch
-import triton
-import triton.language as tl
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
 
-from .cute_helpers import begin_marks, block_exclusive, stamp, warps_before, zero_fill
+from .compile import cached_kernel, fake_stream, fake_tensor
+from .cute import begin_marks, block_exclusive, stamp, warps_before, zero_fill
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -157,11 +150,11 @@ def load_rank(t: cute.Tensor, i: Int32, rank: Int32) -> Int32:
 
 
 @cute.jit
-def cluster_sync(ranks: cutlass.Constexpr[int]):
+def cluster_sync(ctas: cutlass.Constexpr[int]):
     """All CTAs of the cluster meet; this CTA's shared-memory writes before it are visible to the
     others' remote reads after it. The release is restricted to shared::cta (what the CTAs
     exchange): a plain cluster arrive releases at GPU scope (MEMBAR.ALL.GPU), ~0.2 us each."""
-    if cutlass.const_expr(ranks > 1):
+    if cutlass.const_expr(ctas > 1):
         cute.arch.inline_ptx("fence.release.sync_restrict::shared::cta.cluster;")
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
@@ -185,8 +178,8 @@ class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
 
-    def __init__(self, source, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
-        self.source, self.pinned, self.ranks, self.ord16 = source, pinned, ranks, ord16
+    def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
+        self.source, self.pinned, self.ctas, self.ord16 = source, pinned, ctas, ord16
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
     @cute.jit
@@ -199,7 +192,7 @@ class RadixTopk:
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
                  out: cute.Tensor, stream):
         self.kernel(src, lengths, cols, block, k_sel, out).launch(
-            grid=[self.ranks, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ranks, 1, 1],
+            grid=[self.ctas, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ctas, 1, 1],
             stream=stream, use_pdl=self.pinned,
         )
 
@@ -363,17 +356,17 @@ class RadixTopk:
         the bins above d hold; this thread's share of this CTA's keys in them. Two rounds of
         remote reads: THREADS coarse bins, then the FINE bins of the chosen one (remote loads are
         slow, so each thread issues few)."""
-        ranks = 1 if local else self.ranks
+        ctas = 1 if local else self.ctas
         slot = base // BINS * THREADS
         mine = Int32(0)
         for b in cutlass.range_constexpr(FINE):
             mine = mine + hist[base + tid * FINE + (b + tid) % FINE]  # rotated: fewer bank conflicts
         coarse[slot + tid] = mine
-        cluster_sync(ranks)
+        cluster_sync(ctas)
         # Coarse bin c covers bins [c * FINE, (c + 1) * FINE); thread THREADS-1-c scans it so the
         # exclusive scan counts the bins above.
         from_top = THREADS - 1 - tid
-        mirrored = self.cluster_sum(coarse, slot + from_top, ranks)
+        mirrored = self.cluster_sum(coarse, slot + from_top, ctas)
         above, _ = block_exclusive(mirrored, warp_sums, tid, WARPS)
         cute.arch.sync_threads()  # warp_sums is reused next
         if (above < need) & (above + mirrored >= need):
@@ -382,7 +375,7 @@ class RadixTopk:
         cute.arch.sync_threads()
         chosen = result[0]
         if tid < FINE:
-            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid, ranks)
+            fine[tid] = self.cluster_sum(hist, base + chosen * FINE + tid, ctas)
         cute.arch.sync_threads()
         if tid == 0:
             run = result[1]
@@ -407,16 +400,16 @@ class RadixTopk:
         return digit, above, own
 
     @cute.jit
-    def cluster_sum(self, t: cute.Tensor, i: Int32, ranks: cutlass.Constexpr[int]) -> Int32:
-        """``t[i]`` summed over the first ``ranks`` CTAs of the cluster (all remote loads issued
+    def cluster_sum(self, t: cute.Tensor, i: Int32, ctas: cutlass.Constexpr[int]) -> Int32:
+        """``t[i]`` summed over the first ``ctas`` CTAs of the cluster (all remote loads issued
         before the adds)."""
         v = t[i]
-        if cutlass.const_expr(ranks > 1):
-            parts = cute.make_rmem_tensor(ranks, Int32)
-            for r in cutlass.range_constexpr(ranks):
+        if cutlass.const_expr(ctas > 1):
+            parts = cute.make_rmem_tensor(ctas, Int32)
+            for r in cutlass.range_constexpr(ctas):
                 parts[r] = load_rank(t, i, r)
             v = Int32(0)
-            for r in cutlass.range_constexpr(ranks):
+            for r in cutlass.range_constexpr(ctas):
                 v = v + parts[r]
         return v
 
@@ -582,7 +575,7 @@ class RadixTopk:
         the keys hold: a row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid
         id (first 0, count valid); with k_sel = 0 a pinned row keeps its newest block alone.
         Nothing is read; the cluster's CTAs write interleaved stretches."""
-        for i in range(rank * THREADS + tid, out.shape[1], self.ranks * THREADS):
+        for i in range(rank * THREADS + tid, out.shape[1], self.ctas * THREADS):
             out[row, i] = cutlass.select_(i < count, first + i, Int32(-1))
 
     @cute.kernel
@@ -618,7 +611,7 @@ class RadixTopk:
         n = valid
         if cutlass.const_expr(self.pinned):
             n = max(valid - 1, Int32(0))
-        per_cta = (n + self.ranks - 1) // self.ranks
+        per_cta = (n + self.ctas - 1) // self.ctas
         lo = min(rank * per_cta, n)
         hi = min(lo + per_cta, n)
         # Tiles start 16-byte aligned in memory (cp.async), up to one chunk before lo.
@@ -666,15 +659,15 @@ class RadixTopk:
                     shared[2] = kept
                     shared[3] = Int32(gate)
                 zero_fill(hist, 3 * BINS, tid, THREADS)
-                cluster_sync(self.ranks)
-                copied, gates = cute.make_rmem_tensor(self.ranks, Int32), cute.make_rmem_tensor(self.ranks, Uint32)
-                for r in cutlass.range_constexpr(self.ranks):
+                cluster_sync(self.ctas)
+                copied, gates = cute.make_rmem_tensor(self.ctas, Int32), cute.make_rmem_tensor(self.ctas, Uint32)
+                for r in cutlass.range_constexpr(self.ctas):
                     copied[r] = load_rank(shared, Int32(2), r)
                     gates[r] = Uint32(load_rank(shared, Int32(3), r))
                 total = Int32(0)
                 fits = Int32(1)
                 highest = gates[0]
-                for r in cutlass.range_constexpr(self.ranks):
+                for r in cutlass.range_constexpr(self.ctas):
                     total = total + copied[r]
                     fits = fits & Int32(copied[r] <= CAP)
                     # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
@@ -686,7 +679,7 @@ class RadixTopk:
                     found = Int32(t >= highest)
                     self.mark(marks, "digits from the copies")
                 if found == 0:
-                    cluster_sync(self.ranks)  # the others are done reading this CTA's histograms
+                    cluster_sync(self.ctas)  # the others are done reading this CTA's histograms
                     zero_fill(hist, 3 * BINS, tid, THREADS)
                     cute.arch.sync_threads()
             if found == 0:
@@ -725,17 +718,17 @@ class RadixTopk:
             if tid == 0:
                 shared[0] = mine_above
                 shared[1] = mine_tied
-            cluster_sync(self.ranks)
+            cluster_sync(self.ctas)
             eq_run = Int32(0)
             eq_before = Int32(0)
             out_base = Int32(0)
             out_total = Int32(0)
-            above_r = cute.make_rmem_tensor(self.ranks, Int32)
-            tied_r = cute.make_rmem_tensor(self.ranks, Int32)
-            for r in cutlass.range_constexpr(self.ranks):  # every remote load in flight before the sums
+            above_r = cute.make_rmem_tensor(self.ctas, Int32)
+            tied_r = cute.make_rmem_tensor(self.ctas, Int32)
+            for r in cutlass.range_constexpr(self.ctas):  # every remote load in flight before the sums
                 above_r[r] = load_rank(shared, Int32(0), r)
                 tied_r[r] = load_rank(shared, Int32(1), r)
-            for r in cutlass.range_constexpr(self.ranks):
+            for r in cutlass.range_constexpr(self.ctas):
                 eq_r = tied_r[r]
                 taken = above_r[r] + min(max(take - eq_run, Int32(0)), eq_r)
                 if r < rank:
@@ -770,7 +763,7 @@ class RadixTopk:
                     written = written + added
                     eq_before = eq_before + tied
             self.mark(marks, "output")
-            if rank == self.ranks - 1:
+            if rank == self.ctas - 1:
                 pad_from = out_total
                 if cutlass.const_expr(self.pinned):
                     if valid > 0:
@@ -779,7 +772,7 @@ class RadixTopk:
                         pad_from = out_total + 1
                 for i in range(pad_from + tid, out.shape[1], THREADS):
                     out[row, i] = Int32(-1)
-            cluster_sync(self.ranks)  # no CTA leaves while others may read its shared memory
+            cluster_sync(self.ctas)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, "padding + last barrier")
             ended = cute.arch.globaltimer()
@@ -791,58 +784,6 @@ class RadixTopk:
                 out[row, at + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
-# ------------------------------------------------------------------------------- block keys
-
-
-@triton.jit
-def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
-                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
-    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
-    (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
-    written words. EARLY: the engine (a programmatic dependent, waiting for this grid) may
-    launch now."""
-    if EARLY:
-        tl.extra.cuda.gdc_launch_dependents()
-    row = tl.program_id(0)
-    first = tl.program_id(1) * BLOCKS
-    n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
-    n_blocks = tl.cdiv(n_cols, BLOCK)
-    if (first < n_blocks) & (n_blocks > keep_all):  # the engine keeps rows of <= keep_all blocks unread
-        b = first + tl.arange(0, BLOCKS)
-        lane = tl.arange(0, BLOCK_P2)[None, :]
-        cols = b[:, None] * BLOCK + lane
-        inside = (b[:, None] < n_blocks) & (cols < n_cols) & (lane < BLOCK)
-        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf"))
-        x = tl.max(tl.where(x != x, float("-inf"), x), axis=1)
-        bits = x.to(tl.int32, bitcast=True)
-        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
-        key = bits ^ tl.where(bits < 0, -1, -2147483648)  # unsigned order = score order
-        key = tl.where(b < n_blocks, key, 0)
-        tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < (n_blocks + 3) // 4 * 4)
-
-
-def block_keys(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, keep_all: int = 0) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written (and
-    zeros up to the next 16 bytes), and none of a row of <= ``keep_all`` valid blocks (the engine
-    keeps those without reading a key). Rows start 16-byte aligned (the row stride is padded to 4
-    keys), so no copy of the engine reaches before a row's first key.
-
-    From the caching allocator: graph-capture safe (the graph's pool owns it). Not a caller-owned
-    op argument: a mutable optional argument with a default breaks torch 2.11's custom_op
-    (its ADInplaceOrView kernel indexes the arguments before filling defaults)."""
-    rows, width = logits.shape
-    num_blocks = -(-width // block_size)
-    keys = torch.empty(rows, -(-num_blocks // 4) * 4, dtype=torch.int32, device=logits.device)[:, :num_blocks]
-    block_p2 = max(triton.next_power_of_2(block_size), 1)
-    per_program = max(8192 // block_p2, 1)
-    if rows and num_blocks:
-        _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
-            logits, logits.stride(0), row_ends, width, keys, keys.stride(0), keep_all,
-            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
-        )
-    return keys
-
-
 # ------------------------------------------------------------------------------- launching
 
 
@@ -852,13 +793,13 @@ def cluster_size(rows: int, keys_per_row: int, sms: int) -> int:
     The engine's registers (over 64 per thread) leave room for one 512-thread CTA per SM, and a
     cluster must sit in one GPC, so clusters of 4 and 8 fit about half as often as ``sms / S``
     (H200, measured: 32 rows x 4 CTAs and 64 x 8 ran in two waves, 64 x 2 and 8 x 8 in one)."""
-    ranks = 1
-    while ranks < MAX_CLUSTER and ranks * SPAN_PER_CTA < keys_per_row:
-        wider = 2 * ranks
+    ctas = 1
+    while ctas < MAX_CLUSTER and ctas * SPAN_PER_CTA < keys_per_row:
+        wider = 2 * ctas
         if rows * wider > (sms if wider <= 2 else sms // 2):
             break
-        ranks = wider
-    return ranks
+        ctas = wider
+    return ctas
 
 
 @functools.lru_cache(maxsize=None)
@@ -866,57 +807,39 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@functools.lru_cache(maxsize=None)
-def compiled(source: torch.dtype, pinned: bool, ranks: int, ord16: bool = False, profile: bool = False):
-    """Compile once per (source dtype, pinned, cluster size, ord16 keys, profile marks), from fake
+@cached_kernel("topk_engine")
+def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
+    """The engine at one (source dtype, pinned, cluster size, ord16 keys, profile marks), from fake
     tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     dtype = SOURCES[source]
-    fake = cute.runtime.make_fake_tensor
-    src = fake(dtype, (rows, width), stride=(cute.sym_int64(), 1), assumed_align=dtype.width // 8)
-    lengths = fake(Int32, (rows,), stride=(1,), assumed_align=4)
-    out = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
-    engine = RadixTopk(dtype, pinned, ranks, ord16, profile)
-    return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, stream,
+    src = fake_tensor(dtype, (rows, width), (cute.sym_int64(), 1))
+    lengths = fake_tensor(Int32, (rows,), (1,))
+    out = fake_tensor(Int32, (rows, cute.sym_int()), (cute.sym_int64(), 1))
+    engine = RadixTopk(dtype, pinned, ctas, ord16, profile)
+    return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, fake_stream(),
                         options="--enable-tvm-ffi")
 
 
-def _select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
-            pinned: bool, ord16: bool = False) -> None:
+def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
+           pinned: bool, ord16: bool = False) -> None:
     rows = out.shape[0]
     if rows == 0:
         return
-    ranks = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ranks, ord16)(src, lengths, cols, block, k_sel, out)
-
-
-def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
-    """The CUDA kernel of ``sparse_decode::indexer_topk`` (arguments already checked)."""
-    _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False)
+    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
+    compiled(src.dtype, pinned, ctas, ord16)(src, lengths, cols, block, k_sel, out)
 
 
 def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
     """The DCP pack's local top-k: scores ranked by their bf16 ord16 (ties to the lower index),
     ids ascending, -1 padded."""
-    _select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, ord16=True)
+    select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, ord16=True)
 
 
-def select_candidate_blocks(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor) -> None:
-    """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
-    # The engine reads no key of a row of <= k blocks, nor of any row when k = 1 (the pinned one alone).
-    keys = block_keys(logits, row_ends, block_size, keep_all=out.shape[1] if out.shape[1] > 1 else 1 << ID_BITS)
-    _select(keys, row_ends, logits.shape[1], block_size, out.shape[1] - 1, out, pinned=True)
-
-
-def warm(device: torch.device) -> None:
-    """Compile every engine configuration and the decode shapes' block-key kernels."""
-    for ranks in CLUSTER_SIZES:
+def warm() -> None:
+    """Compile every engine configuration."""
+    for ctas in CLUSTER_SIZES:
         for source in SOURCES:
-            compiled(source, source is torch.int32, ranks)
+            compiled(source, source is torch.int32, ctas)
         for source in (torch.float32, torch.bfloat16):
-            compiled(source, False, ranks, ord16=True)
-    x = torch.zeros(1, 1 << 15, device=device)
-    n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
-    for block in (8, 64):
-        block_keys(x, n, block)
+            compiled(source, False, ctas, ord16=True)

@@ -1,26 +1,25 @@
-"""Registration of every ``torch.ops.sparse_decode.*`` op: its argument check and its reference.
-
-Each op writes into caller-owned outputs and returns nothing (CUDA-graph friendly). The names here
-are the names of the references (``reference.py``) and of the kernels (``kernels/``).
-"""
+"""The DCP ops (``dcp_pack``, ``dcp_merge``, ``dcp_local_keys``, ``dcp_merge_generic``,
+``dcp_topk_merge``): their argument checks and registrations. The process-group entry points and
+the Python wrappers are ``torch_sparse_decode.dcp``."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from . import reference
-from ._library import (
+from ..._library import (
     check_int,
+    check_lengths,
     check_no_overlap,
+    check_rows,
     check_same_device,
     check_scalar,
     check_shape,
     check_tensor,
     define_op,
 )
-from .dcp_config import (
+from ...limits import TOPK_MAX_K
+from . import reference
+from .config import (
     LOCAL_INDEX_BITS,
     MAX_WORLD_SIZE,
     dcp_merge_local_topk,
@@ -28,107 +27,22 @@ from .dcp_config import (
     rescue_row_slots,
 )
 
-# Contract limits, the same on every device so that no call works on the CPU and fails on the GPU.
-MOE_MAX_EXPERTS = 1024
-MOE_MAX_TOPK = 16
-TOPK_MAX_K = 4096
-TOPK_MAX_WIDTH = 1 << 20
-TOPK_MAX_ROWS = 65535  # the CUDA engine puts rows on a grid dimension capped there
-MAX_BLOCK_SIZE = 256
-
-_FLOAT = (torch.float32,)
 _SCORES = (torch.float32, torch.bfloat16)
 _INT32 = (torch.int32,)
 
 
-def _check_lengths(lengths: object, name: str, rows: int) -> torch.Tensor:
-    check_tensor(lengths, name, dtypes=_INT32, ndim=1)
-    check_shape(lengths, name, (rows,))
-    return lengths
+def _kernel():
+    from . import kernel
 
-
-# --------------------------------------------------------------------------------- moe_route
-
-
-def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weights, ids) -> None:
-    check_tensor(scores, "scores", dtypes=_FLOAT, ndim=2)
-    tokens, experts = scores.shape
-    if not 1 <= experts <= MOE_MAX_EXPERTS:
-        raise ValueError(f"scores must have 1 to {MOE_MAX_EXPERTS} experts (columns), got {experts}")
-    check_tensor(bias, "bias", dtypes=_FLOAT, ndim=1)
-    check_shape(bias, "bias", (experts,))
-    check_int(topk, "topk", 1, min(MOE_MAX_TOPK, experts))
-    check_scalar(renormalize, "renormalize", bool)
-    check_scalar(apply_sigmoid, "apply_sigmoid", bool)
-    check_scalar(scale, "scale", float)
-    if isinstance(scale, (int, float)) and not math.isfinite(scale):
-        raise ValueError(f"scale must be finite, got {scale}")
-    check_tensor(weights, "weights", dtypes=_FLOAT, ndim=2)
-    check_shape(weights, "weights", (tokens, topk))
-    check_tensor(ids, "ids", dtypes=_INT32, ndim=2)
-    check_shape(ids, "ids", (tokens, topk))
-    check_same_device(scores, "scores", bias=bias, weights=weights, ids=ids)
-    check_no_overlap({"weights": weights, "ids": ids}, {"scores": scores, "bias": bias})
-
-
-moe_route = define_op("moe_route", ("weights", "ids"), check_moe_route)(reference.moe_route)
-
-
-# ------------------------------------------------------------------- select_candidate_blocks
-
-
-def _check_topk_rows(scores, scores_name, dtypes, lengths, lengths_name, out):
-    check_tensor(scores, scores_name, dtypes=dtypes, ndim=2, contiguous=False, inner_contiguous=True)
-    rows, width = scores.shape
-    if width > TOPK_MAX_WIDTH:
-        raise ValueError(f"{scores_name} may have at most {TOPK_MAX_WIDTH} columns, got {width}")
-    _check_rows(rows, scores_name)
-    _check_lengths(lengths, lengths_name, rows)
-    check_tensor(out, "out", dtypes=_INT32, ndim=2)
-    if out.shape[0] != rows:
-        raise ValueError(f"out must have {rows} rows (one per {scores_name} row), got {out.shape[0]}")
-    check_int(out.shape[1], "out.shape[1] (k)", 1, TOPK_MAX_K)
-    check_same_device(scores, scores_name, **{lengths_name: lengths, "out": out})
-    check_no_overlap({"out": out}, {scores_name: scores, lengths_name: lengths})
-
-
-def check_select_candidate_blocks(logits, row_ends, block_size, out) -> None:
-    _check_topk_rows(logits, "logits", _FLOAT, row_ends, "row_ends", out)
-    check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
-
-
-select_candidate_blocks = define_op("select_candidate_blocks", ("out",), check_select_candidate_blocks)(
-    reference.select_candidate_blocks
-)
-
-
-# ------------------------------------------------------------------------------ indexer_topk
-
-
-def check_indexer_topk(scores, lengths, k, out) -> None:
-    check_int(k, "k", 1, TOPK_MAX_K)
-    _check_topk_rows(scores, "scores", _SCORES, lengths, "lengths", out)
-    if out.shape[1] != k:
-        raise ValueError(f"out must have k = {k} columns, got {out.shape[1]}")
-
-
-indexer_topk = define_op("indexer_topk", ("out",), check_indexer_topk)(reference.indexer_topk)
-
-
-# ---------------------------------------------------------------------------------- DCP merge
-
-
-def _check_rows(rows: int, name: str) -> None:
-    if rows > TOPK_MAX_ROWS:
-        raise ValueError(f"{name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
+    return kernel
 
 
 def _check_dcp_scores(scores, lengths, world_size, rank, topk, max_length: int) -> None:
     check_tensor(scores, "scores", dtypes=_SCORES, ndim=2, contiguous=False, inner_contiguous=True)
-    _check_rows(scores.shape[0], "scores")
+    check_rows(scores.shape[0], "scores")
     if scores.shape[1] > max_length:
         raise ValueError(f"scores may have at most {max_length} local tokens (columns), got {scores.shape[1]}")
-    _check_lengths(lengths, "lengths", scores.shape[0])
+    check_lengths(lengths, "lengths", scores.shape[0])
     check_int(world_size, "world_size", 1, MAX_WORLD_SIZE)
     check_int(rank, "rank", 0, world_size - 1)
     check_int(topk, "topk", 1, TOPK_MAX_K)
@@ -156,11 +70,11 @@ def check_dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> N
     check_no_overlap({"packed": packed, "rescue": rescue}, {"scores": scores, "lengths": lengths})
 
 
-dcp_pack = define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack)(reference.dcp_pack)
+define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack, cuda=_kernel)(reference.dcp_pack)
 
 
 def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_ids, local_count, **inputs):
-    _check_rows(rows, name)
+    check_rows(rows, name)
     check_tensor(global_ids, "global_ids", dtypes=_INT32, ndim=2)
     check_shape(global_ids, "global_ids", (rows, topk))
     check_tensor(local_ids, "local_ids", dtypes=_INT32, ndim=2)
@@ -186,7 +100,7 @@ def check_dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_c
     _check_merge_outputs(rows, topk, gathered, "gathered", global_ids, local_ids, local_count, rescue=rescue)
 
 
-dcp_merge = define_op("dcp_merge", ("global_ids", "local_ids", "local_count"), check_dcp_merge)(
+define_op("dcp_merge", ("global_ids", "local_ids", "local_count"), check_dcp_merge, cuda=_kernel)(
     reference.dcp_merge
 )
 
@@ -200,7 +114,7 @@ def check_dcp_local_keys(scores, lengths, world_size, rank, topk, keys) -> None:
     check_no_overlap({"keys": keys}, {"scores": scores, "lengths": lengths})
 
 
-dcp_local_keys = define_op("dcp_local_keys", ("keys",), check_dcp_local_keys)(reference.dcp_local_keys)
+define_op("dcp_local_keys", ("keys",), check_dcp_local_keys)(reference.dcp_local_keys)
 
 
 def check_dcp_merge_generic(gathered_keys, rank, global_ids, local_ids, local_count) -> None:
@@ -212,7 +126,7 @@ def check_dcp_merge_generic(gathered_keys, rank, global_ids, local_ids, local_co
     _check_merge_outputs(rows, topk, gathered_keys, "gathered_keys", global_ids, local_ids, local_count)
 
 
-dcp_merge_generic = define_op(
+define_op(
     "dcp_merge_generic", ("global_ids", "local_ids", "local_count"), check_dcp_merge_generic
 )(reference.dcp_merge_generic)
 
@@ -224,6 +138,6 @@ def check_dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_id
                          lengths=lengths)
 
 
-dcp_topk_merge = define_op(
-    "dcp_topk_merge", ("global_ids", "local_ids", "local_count"), check_dcp_topk_merge
+define_op(
+    "dcp_topk_merge", ("global_ids", "local_ids", "local_count"), check_dcp_topk_merge, cuda=_kernel
 )(reference.dcp_topk_merge)

@@ -26,7 +26,6 @@ torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the s
 
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -34,11 +33,12 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from .cute_helpers import warps_before
+from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
+from ...kernels.cute import warps_before
+from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 
 THREADS = 256
 WARPS = THREADS // 32
-MAX_EXPERTS = 1024
 
 
 KEY_NONE = -(1 << 63)  # below every real key
@@ -213,18 +213,16 @@ class MoeRoute:
                 weights[token, lane] = weight * scale
 
 
-@functools.lru_cache(maxsize=None)
+@cached_kernel("moe_route")
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool):
-    """Compile once per static configuration, from fake tensors (works without a GPU)."""
+    """The kernel at one static configuration, from fake tensors (no GPU needed)."""
     tokens = cute.sym_int()
-    fake = cute.runtime.make_fake_tensor
-    scores = fake(Float32, (tokens, experts), stride=(experts, 1), assumed_align=4)
-    bias = fake(Float32, (experts,), stride=(1,), assumed_align=4)
-    weights = fake(Float32, (tokens, topk), stride=(topk, 1), assumed_align=4)
-    ids = fake(Int32, (tokens, topk), stride=(topk, 1), assumed_align=4)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    scores = fake_tensor(Float32, (tokens, experts), (experts, 1))
+    bias = fake_tensor(Float32, (experts,), (1,))
+    weights = fake_tensor(Float32, (tokens, topk), (topk, 1))
+    ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
     kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid)
-    return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, stream, options="--enable-tvm-ffi")
+    return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
 
 
 def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weights, ids) -> None:

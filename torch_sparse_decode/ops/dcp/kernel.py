@@ -1,9 +1,9 @@
 """CUDA kernels of the DCP ops (``dcp_pack``, ``dcp_merge``, ``dcp_topk_merge``), over their parts:
 
-- ``dcp_pack.py``: the Triton pack (a rank's B' rows; in a step also the push to its peers);
-- ``dcp_merge.py``: the merge that ships on CUDA tensors (CuTe DSL);
-- ``dcp_merge_triton.py``: its Triton twin, which the CPU interpreter runs in CI;
-- ``dcp_step.py``: the one-round step over a group's symmetric-memory workspace.
+- ``pack.py``: the Triton pack (a rank's B' rows; in a step also the push to its peers);
+- ``merge.py``: the merge that ships on CUDA tensors (CuTe DSL);
+- ``merge_triton.py``: its Triton twin, which the CPU interpreter runs in CI;
+- ``step.py``: the one-round step over a group's symmetric-memory workspace.
 
 ``dcp_topk_merge`` takes the one-round step where ``init_dcp_topk_merge`` built a workspace for
 (group, topk) and the step fits it (a shape test, the same on every rank), else the generic merge.
@@ -14,11 +14,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from .. import reference
-from ..dcp_config import GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
-from .dcp_merge_triton import MERGE_WARPS, _bitmap_words, _dcp_merge
-from .dcp_pack import pack_rows
-from .dcp_step import MERGE_KERNEL, _cute_merge, local_topk_ids, one_round_step
+from . import reference
+from .config import (GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_slots, packed_row_words,
+                     rescue_row_slots)
+from .merge_triton import MERGE_WARPS, _bitmap_words, _dcp_merge
+from .pack import pack_rows
+from .step import MERGE_KERNEL, _cute_merge, local_topk_ids, one_round_step
 
 
 def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: int, topk: int, rank: int,
@@ -29,9 +30,9 @@ def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: i
     world_size, rows, words = gathered.shape
     if not rows:
         return
-    n = words * 32 // 33
+    n = packed_row_slots(words)
     if _cute_merge(gathered, kernel):
-        from .dcp_merge import compiled
+        from .merge import compiled
 
         gathered = gathered.contiguous()
         compiled(world_size, topk, False)(
@@ -73,12 +74,12 @@ def warm_step(world_size: int, topk: int) -> None:
     """Compile every kernel variant a one-round step of (W, K) can take, from fake tensors: the
     engine's ord16 selection at each cluster size and score dtype, and the step's merge. (The
     pack, one Triton variant per score dtype, compiles in ``init_dcp_topk_merge``'s warm steps.)"""
-    from . import topk as engine
-    from .dcp_merge import compiled
+    from ...kernels import topk_engine as engine
+    from .merge import compiled
 
-    for ranks in engine.CLUSTER_SIZES:
+    for ctas in engine.CLUSTER_SIZES:
         for dtype in (torch.float32, torch.bfloat16):
-            engine.compiled(dtype, False, ranks, ord16=True)
+            engine.compiled(dtype, False, ctas, ord16=True)
     if MERGE_KERNEL == "cute":
         compiled(world_size, topk, True)
 

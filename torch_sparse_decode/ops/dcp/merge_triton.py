@@ -24,8 +24,8 @@ import os
 import triton
 import triton.language as tl
 
-from ..dcp_config import LOCAL_INDEX_BITS
-from .dcp_pack import _ge_counts, _kth16_step, _peer, _step_tag
+from .config import LOCAL_INDEX_BITS
+from .pack import _ge_counts, _kth16_step, _peer, step_tag
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
 NO_WAIT = tl.constexpr(0x7FFFFFFFFFFFFFFF)  # state[3] while no wait of the step has begun
@@ -253,7 +253,7 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
         if UNIT == 2:
             for r in range(W):
                 if _flag(sat, r):
-                    error |= _error_bits(_wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns, state), r)
+                    error |= error_bits(wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns, state), r)
         if error == 0:
             t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False,
                                           UNIT)
@@ -305,7 +305,7 @@ def _arrival(units, mask, want):
 
 
 @triton.jit
-def _wait_row(row, units, want, timeout_ns, state):
+def wait_row(row, units, want, timeout_ns, state):
     """Poll a tagged row's first ``units`` units until each carries ``want``, for at most
     ``timeout_ns`` after the step's first wait began (``state[3]``, so one bound holds for the whole
     step however many rows and ranks wait): its arrival (ARRIVED, LATE or OTHER_ROWS)."""
@@ -324,13 +324,13 @@ def _wait_row(row, units, want, timeout_ns, state):
 
 
 @triton.jit
-def _error_bits(arrival, r):
+def error_bits(arrival, r):
     """The error word's bits for rank r's arrival: bit r late, bit 16 + r another row count."""
     return tl.where(arrival == OTHER_ROWS, 1 << (16 + r), tl.where(arrival == LATE, 1 << r, 0))
 
 
 @triton.jit
-def _advance_step(state):
+def advance_step(state):
     """The last row's program to finish advances the step (every program has read the sequence
     by then) and clears the step's first wait time."""
     if tl.atomic_add(state + 1, 1, sem="acq_rel", scope="gpu") == tl.num_programs(0) - 1:
@@ -348,7 +348,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
     """One program per row. EXCHANGE: the rows sit in this rank's symmetric buffer at the step's
     parity as tagged units; wait (bounded) until every rank's row of this row carries the step's
     tag, merge, and the last program advances the step. A row whose rows did not arrive gets no
-    ids (-1, count 0), and ``state[2]`` records which ranks' (``_error_bits``)."""
+    ids (-1, count 0), and ``state[2]`` records which ranks' (``error_bits``)."""
     row = tl.program_id(0).to(tl.int64)
     global_ids += row * out_stride
     local_ids += row * out_stride
@@ -361,9 +361,9 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         parity = seq & 1
         sent += parity * parity_gathered
         rescue_at = rescue_offset + parity * parity_rescue + row * rescue_row_stride
-        want = _step_tag(seq)
+        want = step_tag(seq)
         for r in range(W):
-            error |= _error_bits(_wait_row(sent + r * gathered_rank_stride, N + N // 32, want, timeout_ns, state), r)
+            error |= error_bits(wait_row(sent + r * gathered_rank_stride, N + N // 32, want, timeout_ns, state), r)
         tl.debug_barrier()  # every thread reads the rows after they were seen
     else:
         rescue_at = row * rescue_row_stride
@@ -378,7 +378,7 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         tl.store(local_count, 0)
         tl.atomic_or(state + 2, error.to(tl.int64))
     if EXCHANGE:
-        _advance_step(state)
+        advance_step(state)
 
 
 def _bitmap_words(world_size: int, local_len: int = 1 << LOCAL_INDEX_BITS) -> int:

@@ -37,14 +37,15 @@ reductions. Both take the same arguments and give bit-identical results.
 
 from __future__ import annotations
 
-import functools
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
-from ..dcp_config import dcp_merge_local_topk, rescue_row_slots
-from .cute_helpers import begin_marks, block_exclusive, stamp, warp_inclusive, zero_fill
+from ...limits import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
+from .config import dcp_merge_local_topk, rescue_row_slots
+from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
+from ...kernels.cute import begin_marks, block_exclusive, stamp, warp_inclusive, zero_fill
 
 # Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
 # more warps hide more of it (H200, W = 2, T = 8: 256 threads 8.3 us, 512 6.1, 1024 5.65).
@@ -54,7 +55,6 @@ DIGIT_BINS = 256  # ord16 in two 8-bit digits
 CHUNK_WORDS = 4096  # output bitmap words per chunk: 2**17 global ids
 CHUNK_IDS = 32 * CHUNK_WORDS
 OWN_WORDS = CHUNK_WORDS // THREADS  # bitmap words each thread scans (contiguous)
-MAX_K = 4096  # the ops' topk limit (ops.TOPK_MAX_K): the selected ids stay in shared memory
 T_SHIFT = 15  # packed bitmap counts: S (< K <= 4096) below bit 15, T (< 2**17) above
 # Where a profiled build (``compiled(..., profile=True)``) stamps thread 0's clock: the end of
 # each phase, as cycles since the kernel began, into ``global_ids[row, self.K + phase]``.
@@ -558,19 +558,17 @@ class DcpMerge:
                     global_ids[row, self.K + phase] = Int32(marks[phase + 1] - marks[0])
 
 
-@functools.lru_cache(maxsize=None)
+@cached_kernel("dcp_merge")
 def compiled(world_size: int, topk: int, exchange: bool, profile: bool = False):
-    """Compile once per (W, K, step or simulated, profile marks), from fake tensors (no GPU needed)."""
-    fake = cute.runtime.make_fake_tensor
+    """The merge at one (W, K, step or simulated, profile marks), from fake tensors (no GPU needed)."""
     rows = cute.sym_int()
-    flat = fake(Int32, (cute.sym_int(),), stride=(1,), assumed_align=4)
-    peers = fake(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
-    global_ids = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
-    local_ids = fake(Int32, (rows, cute.sym_int()), stride=(cute.sym_int64(), 1), assumed_align=4)
-    count = fake(Int32, (rows,), stride=(1,), assumed_align=4)
-    state = fake(Int64, (cute.sym_int(),), stride=(1,), assumed_align=8)
-    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    flat = fake_tensor(Int32, (cute.sym_int(),), (1,))
+    peers = fake_tensor(Int64, (cute.sym_int(),), (1,))
+    global_ids = fake_tensor(Int32, (rows, cute.sym_int()), (cute.sym_int64(), 1))
+    local_ids = fake_tensor(Int32, (rows, cute.sym_int()), (cute.sym_int64(), 1))
+    count = fake_tensor(Int32, (rows,), (1,))
+    state = fake_tensor(Int64, (cute.sym_int(),), (1,))
     merge = DcpMerge(world_size, topk, exchange, profile)
-    return cute.compile(merge, flat, Int32(0), Int32(0), peers, Int32(0), Int32(0), global_ids, local_ids, count,
-                        Int32(0), state, Int32(0), Int32(0), Int64(0), stream,
+    return cute.compile(merge, flat, Int32(0), Int32(0), peers, Int32(0), Int32(0), global_ids, local_ids,
+                        count, Int32(0), state, Int32(0), Int32(0), Int64(0), fake_stream(),
                         options="--enable-tvm-ffi")

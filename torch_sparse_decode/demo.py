@@ -11,7 +11,9 @@ from typing import Callable
 import torch
 
 from . import dcp
-from .api import indexer_topk, moe_route, select_candidate_blocks
+from .ops.indexer_topk.op import indexer_topk
+from .ops.moe_route.op import moe_route
+from .ops.select_candidate_blocks.op import select_candidate_blocks
 
 
 @dataclass
@@ -39,10 +41,10 @@ def _moe_route(device: torch.device) -> Example:
 
 def _select_candidate_blocks(device: torch.device) -> Example:
     logits = torch.randn(4, 32768, generator=torch.Generator().manual_seed(1))
-    row_ends = torch.tensor([32768, 20000, 64, 0], dtype=torch.int32)
-    x, e = _on(device, logits, row_ends)
+    lengths = torch.tensor([32768, 20000, 64, 0], dtype=torch.int32)
+    x, e = _on(device, logits, lengths)
     return Example("select_candidate_blocks", "4x32K bs=64 k=256", lambda: select_candidate_blocks(x, e, 64, 256),
-                   lambda: select_candidate_blocks(logits, row_ends, 64, 256))
+                   lambda: select_candidate_blocks(logits, lengths, 64, 256))
 
 
 def _indexer_topk(device: torch.device) -> Example:
@@ -79,7 +81,7 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     return build
 
 
-def one_rank_group():
+def _one_rank_group():
     """A one-rank process group (gloo for CPU tensors, NCCL for CUDA) for the full-step op."""
     import torch.distributed as dist
 
@@ -93,7 +95,7 @@ def _dcp_step(device: torch.device) -> Example:
     """The full step as one op over a process group (here of one rank: the generic merge)."""
     scores, lengths = _dcp_inputs(5)
     s, n = _on(device, scores[0], lengths[0])
-    group = one_rank_group()
+    group = _one_rank_group()
     return Example(
         "dcp_topk_merge (1 rank)", "T=4 L=16K K=2048", lambda: dcp.dcp_topk_merge(s, n, 2048, group)[0],
         lambda: _dcp_generic(scores[:1], lengths[:1], 2048),

@@ -1,9 +1,8 @@
-"""Exact pure-torch references of every op: the CPU kernels and the test oracle's subject.
+"""The exact pure-torch references of the DCP ops: their CPU kernels and the test oracle's subject.
 
 Each function has its op's signature (``torch.ops.sparse_decode.<name>``) and writes into the
-caller-owned outputs. They rank through ``order.py`` only, so they all follow SPEC section 1.
-They are written for clarity and exactness, not speed; on CUDA tensors they are a chain of stock
-torch ops (a stand-in until the op's kernel is registered, never the fast path).
+caller-owned outputs, ranking through the library's one order. Written for clarity and exactness,
+not speed.
 """
 
 from __future__ import annotations
@@ -13,111 +12,10 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from .order import KEY_NONE, ascending_ids, bf16_ord16, canonical, composite_key, topk_by_key
+from ...order import ascending_ids, bf16_ord16, clamped_lengths, topk_by_key
+from .config import packed_row_slots
 
 WARP = 32
-
-
-# --------------------------------------------------------------------------------- MoE routing
-
-
-def moe_route(
-    scores: torch.Tensor,
-    bias: torch.Tensor,
-    topk: int,
-    renormalize: bool,
-    scale: float,
-    apply_sigmoid: bool,
-    weights: torch.Tensor,
-    ids: torch.Tensor,
-) -> None:
-    """Top-``topk`` experts by ``score + bias``; weights from the unbiased scores (SPEC 2.1)."""
-    num_experts = scores.shape[1]
-    score = torch.sigmoid(scores) if apply_sigmoid else scores
-    key = score + bias
-    invalid = torch.isnan(score) | torch.isnan(key)
-    score = torch.where(invalid, 0.0, score)
-    experts = torch.arange(num_experts, device=scores.device)
-    keys = composite_key(canonical(torch.where(invalid, float("-inf"), key)), experts)
-    _, chosen = topk_by_key(keys, topk)
-    picked = score.gather(1, chosen)
-    if renormalize:
-        picked = renormalized(picked)
-    weights.copy_(picked * scale)
-    ids.copy_(chosen)
-
-
-def renormalized(picked: torch.Tensor) -> torch.Tensor:
-    """Each row of selected weights divided by its sum: a sum that is not > 0 divides by 1.
-
-    The sum is taken in float64, so no finite fp32 scores overflow it (32 of them at fp32's
-    largest sum to 1.1e40). Where a row holds +inf scores, those share the weight evenly and the
-    others get 0 (inf / inf would be NaN)."""
-    infinite = picked == float("inf")
-    count = infinite.sum(dim=1, keepdim=True)
-    total = picked.double().sum(dim=1, keepdim=True)
-    finite = (picked.double() / torch.where(total > 0, total, 1.0)).float()
-    shared = torch.where(infinite, 1.0 / count.clamp(min=1).float(), 0.0)
-    return torch.where(count > 0, shared, finite)
-
-
-# ------------------------------------------------------------------------------ top-k engine
-
-
-def _ascending_topk(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Column ids of the best ``k`` live keys of each row (``KEY_NONE`` = not live), ascending."""
-    best, index = topk_by_key(keys, k)
-    return ascending_ids(index, best != KEY_NONE, k)
-
-
-def _prefix_keys(scores: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """Composite keys of each row's columns, ``KEY_NONE`` at and beyond ``ends`` (already clamped)."""
-    columns = torch.arange(scores.shape[1], device=scores.device)
-    keys = composite_key(canonical(scores), columns)
-    return torch.where(columns < ends[:, None], keys, KEY_NONE)
-
-
-def _clamped(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    return lengths.to(torch.int64).clamp(0, width)
-
-
-def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
-    """Exact top-``k`` token positions of each row's valid prefix, ascending, -1 padded."""
-    ends = _clamped(lengths, scores.shape[1])
-    out.copy_(_ascending_topk(_prefix_keys(scores, ends), k))
-
-
-def block_scores(logits: torch.Tensor, row_ends: torch.Tensor, block_size: int) -> torch.Tensor:
-    """fp32 [rows, ceil(width / block_size)]: max over each block's valid columns, canonical.
-
-    NaN columns are ignored (a block of only NaN scores -inf); blocks past the valid prefix score
-    -inf too, and are excluded by the caller, which knows how many blocks are valid.
-    """
-    rows, width = logits.shape
-    num_blocks = -(-width // block_size)
-    ends = _clamped(row_ends, width)
-    columns = torch.arange(width, device=logits.device)
-    values = torch.where(columns < ends[:, None], canonical(logits), float("-inf"))
-    padded = values.new_full((rows, num_blocks * block_size), float("-inf"))
-    padded[:, :width] = values
-    return padded.view(rows, num_blocks, block_size).amax(dim=2)
-
-
-def select_candidate_blocks(
-    logits: torch.Tensor, row_ends: torch.Tensor, block_size: int, out: torch.Tensor
-) -> None:
-    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded."""
-    rows, width = logits.shape
-    k = out.shape[1]
-    scores = block_scores(logits, row_ends, block_size)
-    valid_blocks = (_clamped(row_ends, width) + block_size - 1) // block_size
-    newest = valid_blocks - 1
-    # The newest block is taken apart (pinned), so the others compete for k - 1 slots.
-    others = _prefix_keys(scores, newest.clamp(min=0))
-    best, index = topk_by_key(others, k - 1)
-    ids = torch.cat([index, newest[:, None]], dim=1)
-    live = torch.cat([best != KEY_NONE, (valid_blocks > 0)[:, None]], dim=1)
-    out.copy_(ascending_ids(ids, live, k))
 
 
 # ------------------------------------------------------------------------ DCP decode top-k merge
@@ -140,7 +38,7 @@ def _key_global_id(key: torch.Tensor) -> torch.Tensor:
 def _local_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
     """The rank's best ``topk`` local tokens in merge order: (ord16, local index, live), best first."""
     length = scores.shape[1]
-    ends = _clamped(lengths, length)
+    ends = clamped_lengths(lengths, length)
     local = torch.arange(length, device=scores.device)
     ord16 = bf16_ord16(scores)
     keys = torch.where(local < ends[:, None], _dcp_key(ord16, local), EMPTY)
@@ -193,8 +91,8 @@ def dcp_pack(
     rescue: torch.Tensor,
 ) -> None:
     """The rank's packed B' row of its best N candidates, and its local top-K (rescue row)."""
-    n = packed.shape[1] * WARP // (WARP + 1)
-    rescue_slots = rescue.shape[1] * WARP // (WARP + 1)
+    n = packed_row_slots(packed.shape[1])
+    rescue_slots = packed_row_slots(rescue.shape[1])
     ord16, local, live = _local_topk(scores, lengths, topk)
     packed.copy_(_encode_b_prime(ord16[:, :n], local[:, :n], live[:, :n], n))
     rescue.copy_(_encode_b_prime(ord16, local, live, rescue_slots))
@@ -221,7 +119,7 @@ def _candidate_keys(rows: torch.Tensor, slots: int, world_size: int) -> torch.Te
 def saturated_ranks(gathered: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Sent candidate keys [W, T, N] and which ranks are saturated [W, T] (see ``dcp_merge``)."""
     world_size, rows, words = gathered.shape
-    n = words * WARP // (WARP + 1)
+    n = packed_row_slots(words)
     sent = _candidate_keys(gathered, n, world_size)
     union = sent.permute(1, 0, 2).reshape(rows, world_size * n)
     if union.shape[1] >= topk:
@@ -242,7 +140,7 @@ def dcp_merge(
     local_ids: torch.Tensor,
     local_count: torch.Tensor,
 ) -> None:
-    """One-round merge of every rank's packed row, rescuing saturated ranks (SPEC 2.3, 2.4).
+    """One-round merge of every rank's packed row, rescuing saturated ranks.
 
     t0 is the K-th key of the union of the sent candidates (or none when the union is smaller than
     K). A rank that sent a full row whose every candidate ranks above t0 is saturated, and its sent
@@ -250,7 +148,7 @@ def dcp_merge(
     """
     world_size, rows, _ = gathered.shape
     sent, saturated = saturated_ranks(gathered, topk)
-    deeper = _candidate_keys(rescue, rescue.shape[2] * WARP // (WARP + 1), world_size)
+    deeper = _candidate_keys(rescue, packed_row_slots(rescue.shape[2]), world_size)
     # A saturated rank contributes only its rescue row (a superset of what it sent).
     sent = torch.where(saturated[:, :, None], EMPTY, sent)
     deeper = torch.where(saturated[:, :, None], deeper, EMPTY)
@@ -343,7 +241,7 @@ def dcp_topk_merge(
     the ranks first check that they agree on the step, and each wait is bounded."""
     from torch.distributed.distributed_c10d import _resolve_process_group
 
-    from .dcp_config import step_timeout_s
+    from .config import step_timeout_s
 
     group = _resolve_process_group(group_name)
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)

@@ -1,0 +1,48 @@
+"""``sparse_decode::indexer_topk``: its argument check, its registration and its Python wrapper."""
+
+from __future__ import annotations
+
+import torch
+
+from ..._library import check_int, check_topk_rows, define_op, topk_out
+from ...limits import TOPK_MAX_K
+from . import reference
+
+
+def check_indexer_topk(scores, lengths, k, out) -> None:
+    check_topk_rows(scores, "scores", (torch.float32, torch.bfloat16), lengths, k, out)
+
+
+def _kernel():
+    from . import kernel
+
+    return kernel
+
+
+define_op("indexer_topk", ("out",), check_indexer_topk, cuda=_kernel)(reference.indexer_topk)
+
+
+def indexer_topk(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Exact top-k token positions of each row's valid prefix (the DSA indexer's selection).
+
+    Args:
+        scores: fp32 or bf16 [rows, width] (unit stride in the last dim, rows <= 65535,
+            width <= 2**20).
+        lengths: int32 [rows] valid lengths, clamped to [0, width].
+        k: positions to select, 1..4096.
+        out: optional int32 [rows, k] to write into.
+
+    Returns:
+        int32 [rows, k]: the selected positions ascending, then -1 padding.
+    """
+    k = check_int(k, "k", 1, TOPK_MAX_K)
+    if out is None:
+        out = topk_out(scores, "scores", k)
+    torch.ops.sparse_decode.indexer_topk(scores, lengths, k, out)
+    return out

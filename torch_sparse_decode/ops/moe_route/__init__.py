@@ -1,0 +1,3 @@
+"""``moe_route``: reference, registration and wrapper (``op``), CUDA kernel (``kernel``)."""
+
+from . import op  # noqa: F401  (registers the op)

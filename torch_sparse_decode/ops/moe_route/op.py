@@ -1,0 +1,101 @@
+"""``sparse_decode::moe_route``: its argument check, its registration and its Python wrapper."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..._library import (
+    check_int,
+    check_is_tensor,
+    check_no_overlap,
+    check_same_device,
+    check_scalar,
+    check_shape,
+    check_tensor,
+    define_op,
+)
+from ...limits import MOE_MAX_EXPERTS, MOE_MAX_TOPK
+from . import reference
+
+_FLOAT = (torch.float32,)
+
+
+def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weights, ids) -> None:
+    check_tensor(scores, "scores", dtypes=_FLOAT, ndim=2)
+    tokens, experts = scores.shape
+    if not 1 <= experts <= MOE_MAX_EXPERTS:
+        raise ValueError(f"scores must have 1 to {MOE_MAX_EXPERTS} experts (columns), got {experts}")
+    check_tensor(bias, "bias", dtypes=_FLOAT, ndim=1)
+    check_shape(bias, "bias", (experts,))
+    check_int(topk, "topk", 1, min(MOE_MAX_TOPK, experts))
+    check_scalar(renormalize, "renormalize", bool)
+    check_scalar(apply_sigmoid, "apply_sigmoid", bool)
+    check_scalar(scale, "scale", float)
+    if isinstance(scale, (int, float)) and not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    check_tensor(weights, "weights", dtypes=_FLOAT, ndim=2)
+    check_shape(weights, "weights", (tokens, topk))
+    check_tensor(ids, "ids", dtypes=(torch.int32,), ndim=2)
+    check_shape(ids, "ids", (tokens, topk))
+    check_same_device(scores, "scores", bias=bias, weights=weights, ids=ids)
+    check_no_overlap({"weights": weights, "ids": ids}, {"scores": scores, "bias": bias})
+
+
+def _kernel():
+    from . import kernel
+
+    return kernel
+
+
+define_op("moe_route", ("weights", "ids"), check_moe_route, cuda=_kernel)(reference.moe_route)
+
+
+def moe_route(
+    scores: torch.Tensor,
+    bias: torch.Tensor,
+    topk: int,
+    *,
+    renormalize: bool = True,
+    scale: float = 1.0,
+    apply_sigmoid: bool = False,
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """MoE routing: the ``topk`` experts of each token by ``score + bias``, in the library order.
+
+    Args:
+        scores: fp32 [T, E] router scores (after sigmoid), or logits with ``apply_sigmoid``;
+            contiguous, E <= 1024.
+        bias: fp32 [E] selection bias (the correction bias); it ranks experts but is not part of
+            the weights.
+        topk: experts per token, 1 <= topk <= min(16, E).
+        renormalize: divide the selected weights by their sum (a sum that is not > 0 divides by 1;
+            no finite scores overflow it; +inf scores share the weight evenly, the others get 0).
+        scale: multiply the final weights by this (the routed scaling factor).
+        apply_sigmoid: ``scores`` are logits; the op applies the sigmoid first.
+        out: optional (weights fp32 [T, topk], ids int32 [T, topk]) to write into.
+
+    Returns:
+        ``(weights, ids)``, column 0 the best expert. A NaN score or NaN key ranks as -inf and gets
+        weight 0; -0.0 ties +0.0; equal keys go to the lower expert id. Ids are always ``topk``
+        distinct valid experts, also for all-NaN or all-equal rows.
+    """
+    # Scalars are checked here: the dispatcher would reject a wrong type with a RuntimeError.
+    check_is_tensor(scores, "scores")
+    topk = check_int(topk, "topk", 1, MOE_MAX_TOPK)
+    check_scalar(renormalize, "renormalize", bool)
+    check_scalar(scale, "scale", float)
+    check_scalar(apply_sigmoid, "apply_sigmoid", bool)
+    if out is None:
+        tokens = scores.shape[0] if scores.dim() == 2 else 0
+        out = (
+            torch.empty(tokens, topk, dtype=torch.float32, device=scores.device),
+            torch.empty(tokens, topk, dtype=torch.int32, device=scores.device),
+        )
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        raise TypeError(f"out must be a (weights, ids) pair of tensors, got {type(out).__name__} "
+                        f"of {len(out) if isinstance(out, (tuple, list)) else 1}")
+    weights, ids = out
+    torch.ops.sparse_decode.moe_route(scores, bias, topk, renormalize, float(scale), apply_sigmoid, weights, ids)
+    return weights, ids

@@ -1,0 +1,3 @@
+"""``select_candidate_blocks``: reference, registration and wrapper (``op``), CUDA kernel (``kernel``)."""
+
+from . import op  # noqa: F401  (registers the op)

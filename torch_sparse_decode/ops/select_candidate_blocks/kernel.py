@@ -1,0 +1,82 @@
+"""The CUDA kernel of ``select_candidate_blocks``: a Triton pre-pass reduces each valid block to
+one engine key (the block's max over its valid columns), then the top-k engine selects the best
+``k - 1`` of them beside the pinned newest block.
+
+Why Triton for the block keys: a masked 2-D max over any block size is a few lines there, and it
+runs on the CPU interpreter in CI. The engine then reads ``ceil(width / block_size)`` keys per row
+instead of the logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ...kernels import topk_engine as engine
+
+
+@triton.jit
+def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
+                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
+    """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
+    (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
+    written words. EARLY: the engine (a programmatic dependent, waiting for this grid) may
+    launch now."""
+    if EARLY:
+        tl.extra.cuda.gdc_launch_dependents()
+    row = tl.program_id(0)
+    first = tl.program_id(1) * BLOCKS
+    n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    if (first < n_blocks) & (n_blocks > keep_all):  # the engine keeps rows of <= keep_all blocks unread
+        b = first + tl.arange(0, BLOCKS)
+        lane = tl.arange(0, BLOCK_P2)[None, :]
+        cols = b[:, None] * BLOCK + lane
+        inside = (b[:, None] < n_blocks) & (cols < n_cols) & (lane < BLOCK)
+        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf"))
+        x = tl.max(tl.where(x != x, float("-inf"), x), axis=1)
+        bits = x.to(tl.int32, bitcast=True)
+        bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
+        key = bits ^ tl.where(bits < 0, -1, -2147483648)  # unsigned order = score order
+        key = tl.where(b < n_blocks, key, 0)
+        tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < (n_blocks + 3) // 4 * 4)
+
+
+def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, keep_all: int = 0) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written (and
+    zeros up to the next 16 bytes), and none of a row of <= ``keep_all`` valid blocks (the engine
+    keeps those without reading a key). Rows start 16-byte aligned (the row stride is padded to 4
+    keys), so no copy of the engine reaches before a row's first key.
+
+    From the caching allocator: graph-capture safe (the graph's pool owns it). Not a caller-owned
+    op argument: a mutable optional argument with a default breaks torch 2.11's custom_op
+    (its ADInplaceOrView kernel indexes the arguments before filling defaults)."""
+    rows, width = logits.shape
+    num_blocks = -(-width // block_size)
+    keys = torch.empty(rows, -(-num_blocks // 4) * 4, dtype=torch.int32, device=logits.device)[:, :num_blocks]
+    block_p2 = max(triton.next_power_of_2(block_size), 1)
+    per_program = max(8192 // block_p2, 1)
+    if rows and num_blocks:
+        _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
+            logits, logits.stride(0), lengths, width, keys, keys.stride(0), keep_all,
+            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
+        )
+    return keys
+
+
+def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int,
+                            out: torch.Tensor) -> None:
+    """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
+    # The engine reads no key of a row of <= k blocks, nor of any row when k = 1 (the pinned one alone).
+    keys = block_keys(logits, lengths, block_size, keep_all=k if k > 1 else 1 << engine.ID_BITS)
+    engine.select(keys, lengths, logits.shape[1], block_size, k - 1, out, pinned=True)
+
+
+def warm(device: torch.device) -> None:
+    """Compile the engine and the decode shapes' block-key kernels."""
+    engine.warm()
+    x = torch.zeros(1, 1 << 15, device=device)
+    n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
+    for block in (8, 64):
+        block_keys(x, n, block)
