@@ -38,6 +38,8 @@ goes and which attempts did not pay.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -174,6 +176,44 @@ def warp_offset(counts: cute.Tensor, mine: Int32, at: Int32, before: Int32, tid:
     return before + below, total
 
 
+@dataclass(frozen=True)
+class Scratch:
+    """A CTA's shared memory. ``hist``, ``coarse`` and ``shared`` are read by the cluster's other
+    CTAs; ``buf_key`` / ``buf_id`` hold the copy of the keys at or above the threshold's bucket."""
+
+    hist: cute.Tensor  # one 2048-bin histogram per digit
+    coarse: cute.Tensor  # per digit, THREADS coarse bins of the digit search
+    fine: cute.Tensor  # the chosen coarse bin's fine bins
+    counts: cute.Tensor  # compaction: two tiles' (kept, tied) warp counts
+    warp_sums: cute.Tensor
+    result: cute.Tensor  # the digit search's (digit, keys above)
+    shared: cute.Tensor  # (keys above t, keys == t, copied, gate), read by the other CTAs
+    claimed: cute.Tensor  # the gated pass's copy size
+    segments: cute.Tensor  # the gated pass's (tile, warp) parts
+    buf_key: cute.Tensor
+    buf_id: cute.Tensor
+    ring: cute.Tensor  # STAGES tiles of the row
+
+
+class Span(NamedTuple):
+    """This CTA's part of the row: keys [lo, hi), streamed in ``tiles`` tiles from ``base``
+    (16-byte aligned, up to a chunk before lo), the row at ``row_off`` elements."""
+
+    row_off: Int64
+    base: Int32
+    lo: Int32
+    hi: Int32
+    tiles: Int32
+
+
+@dataclass(frozen=True)
+class Regs:
+    """A thread's keys of the current tile and their ids (PER each)."""
+
+    keys: cute.Tensor
+    ids: cute.Tensor
+
+
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
@@ -209,7 +249,7 @@ class RadixTopk:
         return key
 
     @cute.jit
-    def fetch(self, src: cute.Tensor, ring: cute.Tensor, span, j: Int32, tid: Int32):
+    def fetch(self, src: cute.Tensor, ring: cute.Tensor, span: Span, j: Int32, tid: Int32):
         """Start copying this warp's part of tile j into its ring slot: 16-byte cp.async per
         chunk, nothing read at or past ``hi`` (zero-filled instead)."""
         row_off, base, lo, hi, tiles = span
@@ -226,7 +266,7 @@ class RadixTopk:
                          Int64((src.iterator + (row_off + Int64(at))).toint()), valid * size)
 
     @cute.jit
-    def begin_pass(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, tid: Int32):
+    def begin_pass(self, src: cute.Tensor, ring: cute.Tensor, span: Span, refetch, tid: Int32):
         """Start a pass over the span's tiles: request the first STAGES - 1 (``refetch``), or find
         the whole span still in the ring from the first pass. Each warp copies and reads only its
         own part of every tile, so the pipeline needs warp syncs, never a CTA barrier."""
@@ -239,8 +279,8 @@ class RadixTopk:
                 cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def next_tile(self, src: cute.Tensor, ring: cute.Tensor, span, j: Int32, refetch, tid: Int32,
-                  keys: cute.Tensor, ids: cute.Tensor):
+    def next_tile(self, src: cute.Tensor, ring: cute.Tensor, span: Span, j: Int32, refetch, regs: Regs,
+                  tid: Int32):
         """This thread's keys of tile j (0 outside [lo, hi)) and their ids; when streaming, wait
         for the tile and request the one STAGES - 1 ahead into the slot freed last iteration."""
         row_off, base, lo, hi, tiles = span
@@ -251,6 +291,7 @@ class RadixTopk:
             if j + (STAGES - 1) < tiles:
                 self.fetch(src, ring, span, j + (STAGES - 1), tid)
             cute.arch.cp_async_commit_group()
+        keys, ids = regs.keys, regs.ids
         slot = j % STAGES
         for i in cutlass.range_constexpr(PER):
             q = warp * WARP_SPAN + i * 32 + lane
@@ -261,16 +302,16 @@ class RadixTopk:
                 keys[i] = Uint32(cutlass.select_((ids[i] >= lo) & (ids[i] < hi), keys[i], Uint32(0)))
 
     @cute.jit
-    def count_digit(self, src: cute.Tensor, ring: cute.Tensor, span, refetch, hist: cute.Tensor,
-                    p: cutlass.Constexpr[int], t: Uint32, keys: cute.Tensor, ids: cute.Tensor, tid: Int32):
+    def count_digit(self, src: cute.Tensor, sm: Scratch, span: Span, refetch, p: cutlass.Constexpr[int], t: Uint32,
+                    regs: Regs, tid: Int32):
         """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's.
 
         The first digit counts every slot without a branch: a missing key (0) lands in bin 0,
         which no score reaches (-inf's key is in bin 3), so the digit search never picks it."""
-        row_off, base, lo, hi, tiles = span
-        self.begin_pass(src, ring, span, refetch, tid)
-        for tile in range(tiles):
-            self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
+        hist, keys = sm.hist, regs.keys
+        self.begin_pass(src, sm.ring, span, refetch, tid)
+        for tile in range(span.tiles):
+            self.next_tile(src, sm.ring, span, tile, refetch, regs, tid)
             for i in cutlass.range_constexpr(PER):
                 if cutlass.const_expr(p == 0):
                     cute.arch.atomic_add(hist.iterator + digit_of(keys[i], 0), Int32(1))
@@ -279,15 +320,15 @@ class RadixTopk:
         cute.arch.sync_threads()
 
     @cute.jit
-    def copy_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, hist: cute.Tensor, buf_key: cute.Tensor,
-                  buf_id: cute.Tensor, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32) -> Int32:
+    def copy_tile(self, regs: Regs, t: Uint32, sm: Scratch, written: Int32, parity: Int32, tid: Int32) -> Int32:
         """Copy a tile's keys >= t (t: the first digit's bucket, > 0) and their ids after the
         ``written`` before them, in index order, and histogram the second digit of those in the
         bucket. Returns how many it copied.
 
         Few keys reach the bucket, so a 32-key group without one costs a compare, a vote and a
         popcount; the atomics and the stores run under a warp-uniform branch."""
-        lane, warp = tid % 32, tid // 32
+        keys, ids = regs.keys, regs.ids
+        lane = tid % 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
         kept_at = parity * 2 * WARPS
         votes = cute.make_rmem_tensor(PER, Uint32)
@@ -295,22 +336,21 @@ class RadixTopk:
         for i in cutlass.range_constexpr(PER):
             votes[i] = ballot_of(keys[i] >= t)
             kept_n = kept_n + Int32(cute.arch.popc(votes[i]))
-        slot, added = warp_offset(counts, kept_n, kept_at, written, tid)
+        slot, added = warp_offset(sm.counts, kept_n, kept_at, written, tid)
         for i in cutlass.range_constexpr(PER):
             if votes[i] != Uint32(0):
                 if keys[i] >= t:
                     at = slot + Int32(cute.arch.popc(votes[i] & lower))
-                    buf_key[at] = keys[i]
-                    buf_id[at] = ids[i]
+                    sm.buf_key[at] = keys[i]
+                    sm.buf_id[at] = ids[i]
                     if in_prefix(keys[i], t, 1):
-                        cute.arch.atomic_add(hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
+                        cute.arch.atomic_add(sm.hist.iterator + (BINS + digit_of(keys[i], 1)), Int32(1))
                 slot = slot + Int32(cute.arch.popc(votes[i]))
         return added
 
     @cute.jit
-    def compact_tile(self, keys: cute.Tensor, ids: cute.Tensor, t: Uint32, take: Int32, eq_before: Int32,
-                     ranked, out: cute.Tensor, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32,
-                     tid: Int32):
+    def compact_tile(self, regs: Regs, t: Uint32, take: Int32, eq_before: Int32, ranked, out: cute.Tensor,
+                     row: Int32, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32):
         """Write the ids of a tile's keys > t and of the first ``take`` keys == t (``eq_before``
         of them came earlier) into ``out`` after the ``written`` before them, in index order.
         Returns (kept, keys == t).
@@ -318,7 +358,8 @@ class RadixTopk:
         Warps own contiguous parts of the tile, so a warp's offset is the sum of the lower warps'
         counts: one barrier per tile (two when the ties must be ranked). ``counts`` holds two
         tiles' (kept, tied) warp counts; tiles alternate ``parity`` so none waits for the reads."""
-        lane, warp = tid % 32, tid // 32
+        keys, ids = regs.keys, regs.ids
+        lane = tid % 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
         kept_at = parity * 2 * WARPS
         tied_at = kept_at + WARPS
@@ -349,13 +390,13 @@ class RadixTopk:
         return added, tile_tied
 
     @cute.jit
-    def find_digit(self, hist: cute.Tensor, base: Int32, need: Int32, coarse: cute.Tensor, fine: cute.Tensor,
-                   result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, local: cutlass.Constexpr[bool] = False):
+    def find_digit(self, sm: Scratch, base: Int32, need: Int32, tid: Int32, local: cutlass.Constexpr[bool] = False):
         """(d, above, own): the digit d whose bin, counting down from the top bin of the cluster's
         histograms at ``base`` (this CTA's alone with ``local``), reaches ``need``; how many keys
         the bins above d hold; this thread's share of this CTA's keys in them. Two rounds of
         remote reads: THREADS coarse bins, then the FINE bins of the chosen one (remote loads are
         slow, so each thread issues few)."""
+        hist, coarse, fine, result, warp_sums = sm.hist, sm.coarse, sm.fine, sm.result, sm.warp_sums
         ctas = 1 if local else self.ctas
         slot = base // BINS * THREADS
         mine = Int32(0)
@@ -414,12 +455,13 @@ class RadixTopk:
         return v
 
     @cute.jit
-    def append_tile(self, keys: cute.Tensor, ids: cute.Tensor, gate: Uint32, j: Int32, claimed: cute.Tensor,
-                    segments: cute.Tensor, buf_key: cute.Tensor, buf_id: cute.Tensor, tid: Int32) -> Int32:
+    def append_tile(self, regs: Regs, gate: Uint32, j: Int32, sm: Scratch, tid: Int32) -> Int32:
         """The gated pass's copy of tile j, with no CTA barrier: the warp claims room for its keys
         >= gate (one shared atomic) and writes them there in index order, each id tagged with its
         (tile, warp) part; ``segments`` records where each part went and its size. Returns the
         claims so far as this warp saw them."""
+        keys, ids = regs.keys, regs.ids
+        claimed, segments, buf_key, buf_id = sm.claimed, sm.segments, sm.buf_key, sm.buf_id
         lane, warp = tid % 32, tid // 32
         lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
         votes = cute.make_rmem_tensor(PER, Uint32)
@@ -445,12 +487,12 @@ class RadixTopk:
         return start + kept_n
 
     @cute.jit
-    def in_index_order(self, tiles: Int32, segments: cute.Tensor, ring: cute.Tensor, buf_key: cute.Tensor,
-                       buf_id: cute.Tensor, copied: Int32, warp_sums: cute.Tensor, tid: Int32):
+    def in_index_order(self, tiles: Int32, sm: Scratch, copied: Int32, tid: Int32):
         """Put the gated pass's copy in index order: a (tile, warp) part goes after every part of
         the tiles before it and of the lower warps in its tile. One scan of the part sizes turns
         ``segments`` into each part's shift; every entry then moves by its part's shift, staged
         through the ring (free after the pass)."""
+        segments, buf_key, buf_id, warp_sums = sm.segments, sm.buf_key, sm.buf_id, sm.warp_sums
         parts = tiles * WARPS
         each = (parts + THREADS - 1) // THREADS
         mine = Int32(0)
@@ -465,7 +507,7 @@ class RadixTopk:
                 segments[tid * each + q] = run - (part >> 16)
                 run = run + (part & 0xFFFF)
         cute.arch.sync_threads()
-        staged = cute.recast_tensor(ring, Int32)
+        staged = cute.recast_tensor(sm.ring, Int32)
         for e in range(tid, copied, THREADS):
             tagged = Uint32(buf_id[e])
             at = e + segments[Int32(tagged >> Uint32(ID_BITS))]
@@ -478,37 +520,31 @@ class RadixTopk:
         cute.arch.sync_threads()
 
     @cute.jit
-    def gated_copy(self, src: cute.Tensor, ring: cute.Tensor, span, target: Int32, hist: cute.Tensor,
-                   coarse: cute.Tensor, fine: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor,
-                   buf_key: cute.Tensor, buf_id: cute.Tensor, claimed: cute.Tensor, segments: cute.Tensor,
-                   keys: cute.Tensor, ids: cute.Tensor, tid: Int32):
+    def gated_copy(self, src: cute.Tensor, sm: Scratch, span: Span, target: Int32, regs: Regs, tid: Int32):
         """The one-read path's pass: copy the span's keys >= a gate, in index order (every key
         when the span fits the copy, else a gate guessed from tile 0 to leave about ``target``
         above it). Warps run through it with no CTA barrier after tile 0 and stop once the copy
         overflows. Returns (how many keys are >= the gate, > CAP if it overflowed; the gate).
         Leaves the ring overwritten."""
-        row_off, base, lo, hi, tiles = span
         gate = Uint32(1)
         seen = Int32(0)
-        self.begin_pass(src, ring, span, True, tid)
-        for tile in range(tiles):
+        self.begin_pass(src, sm.ring, span, True, tid)
+        for tile in range(span.tiles):
             if seen <= CAP:
-                self.next_tile(src, ring, span, tile, True, tid, keys, ids)
-                if (tile == 0) & (hi - lo > CAP):
-                    gate = self.guess_gate(keys, span, target, hist, coarse, fine, result, warp_sums, tid)
-                seen = self.append_tile(keys, ids, gate, tile, claimed, segments, buf_key, buf_id, tid)
+                self.next_tile(src, sm.ring, span, tile, True, regs, tid)
+                if (tile == 0) & (span.hi - span.lo > CAP):
+                    gate = self.guess_gate(regs, span, target, sm, tid)
+                seen = self.append_tile(regs, gate, tile, sm, tid)
         cute.arch.cp_async_wait_group(0)  # nothing left in flight into the ring
         cute.arch.sync_threads()
-        copied = claimed[0]
+        copied = sm.claimed[0]
         if copied <= CAP:
-            self.in_index_order(tiles, segments, ring, buf_key, buf_id, copied, warp_sums, tid)
+            self.in_index_order(span.tiles, sm, copied, tid)
         return copied, gate
 
     @cute.jit
-    def digits_from_copy(self, first: cutlass.Constexpr[int], hist: cute.Tensor, buf_key: cute.Tensor, kept: Int32,
-                         t: Uint32, need: Int32, above_part: Int32, coarse: cute.Tensor, fine: cute.Tensor,
-                         result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, src=None, ring=None, span=None,
-                         refetch=None, keys=None, ids=None):
+    def digits_from_copy(self, first: cutlass.Constexpr[int], sm: Scratch, kept: Int32, t: Uint32, need: Int32,
+                         above_part: Int32, tid: Int32, src=None, span=None, refetch=None, regs=None):
         """Digits ``first``.. of t (with its digits above already in ``t``), counted from the copy,
         which holds every key of the span >= t. From digit 1 (the two-pass path) the second
         digit is already counted, and a span too tie-heavy to copy counts the third over the row.
@@ -516,48 +552,47 @@ class RadixTopk:
         last = 1 if self.ord16 else 2
         for p in range(first, last + 1):
             if cutlass.const_expr(first == 0):
-                self.count_copied(buf_key, kept, t, p, hist, tid)
+                self.count_copied(sm, kept, t, p, tid)
                 cute.arch.sync_threads()
             elif p == 2:
                 if kept <= CAP:
-                    self.count_copied(buf_key, kept, t, p, hist, tid)
+                    self.count_copied(sm, kept, t, p, tid)
                 else:
-                    self.count_digit(src, ring, span, refetch, hist, 2, t, keys, ids, tid)
+                    self.count_digit(src, sm, span, refetch, 2, t, regs, tid)
                 cute.arch.sync_threads()
-            digit, above, own = self.find_digit(hist, p * BINS, need, coarse, fine, result, warp_sums, tid)
+            digit, above, own = self.find_digit(sm, p * BINS, need, tid)
             need = need - above
             above_part = above_part + own
             t = t | (Uint32(digit) << Uint32(digit_shift(p)))
-        _, mine_above = block_exclusive(above_part, warp_sums, tid, WARPS)
+        _, mine_above = block_exclusive(above_part, sm.warp_sums, tid, WARPS)
         cute.arch.sync_threads()  # warp_sums is reused next
         return t, need, mine_above
 
     @cute.jit
-    def count_copied(self, buf_key: cute.Tensor, kept: Int32, t: Uint32, p: Int32, hist: cute.Tensor, tid: Int32):
+    def count_copied(self, sm: Scratch, kept: Int32, t: Uint32, p: Int32, tid: Int32):
         """Histogram digit p (0, 1, 2; not a constant) of the copied keys whose higher digits
         equal t's. Copied keys are live."""
         shift = digit_shift(p)
         mask = cutlass.select_(p == 2, Uint32((1 << DIGITS[2][1]) - 1), Uint32((1 << DIGITS[1][1]) - 1))
         above = Uint32(cutlass.select_(p == 1, Int32(DIGITS[0][0]), Int32(DIGITS[1][0])))  # higher digits', p >= 1
         for j in range(tid, kept, THREADS):
-            key = buf_key[j]
+            key = sm.buf_key[j]
             if (p == 0) | ((key >> above) == (t >> above)):
-                cute.arch.atomic_add(hist.iterator + (p * BINS + Int32((key >> Uint32(shift)) & mask)), Int32(1))
+                cute.arch.atomic_add(sm.hist.iterator + (p * BINS + Int32((key >> Uint32(shift)) & mask)), Int32(1))
 
     @cute.jit
-    def guess_gate(self, keys: cute.Tensor, span, target: Int32, hist: cute.Tensor, coarse: cute.Tensor,
-                   fine: cute.Tensor, result: cute.Tensor, warp_sums: cute.Tensor, tid: Int32) -> Uint32:
+    def guess_gate(self, regs: Regs, span: Span, target: Int32, sm: Scratch, tid: Int32) -> Uint32:
         """A key g with about ``target`` of the span's keys at or above it, read off tile 0
         (``keys``): the first digit's histogram of the tile, then a straight line through the
         chosen bin. Only a guess: the one-read path checks it afterwards."""
-        row_off, base, lo, hi, tiles = span
-        sample = min(hi, base + TILE) - lo
+        hi, lo = span.hi, span.lo
+        sample = min(hi, span.base + TILE) - lo
         r = Int32((Int64(target) * Int64(sample) + Int64(hi - lo - 1)) // Int64(hi - lo))
         for i in cutlass.range_constexpr(PER):
-            cute.arch.atomic_add(hist.iterator + (2 * BINS + digit_of(keys[i], 0)), Int32(1))
+            cute.arch.atomic_add(sm.hist.iterator + (2 * BINS + digit_of(regs.keys[i], 0)), Int32(1))
         cute.arch.sync_threads()
-        d, above, _ = self.find_digit(hist, Int32(2 * BINS), r, coarse, fine, result, warp_sums, tid, local=True)
-        in_bin = Int64(hist[2 * BINS + d])
+        d, above, _ = self.find_digit(sm, Int32(2 * BINS), r, tid, local=True)
+        in_bin = Int64(sm.hist[2 * BINS + d])
         shift = DIGITS[0][0]  # a first-digit bin holds 2**shift keys
         inside = (in_bin - Int64(r - above)) * Int64(1 << shift) // in_bin
         return Uint32((Int64(d) << Int64(shift)) + inside)
@@ -598,8 +633,10 @@ class RadixTopk:
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
+        sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, segments, buf_key, buf_id, ring)
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
+        regs = Regs(keys, ids)
         marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
         began = Int64(0)
         if cutlass.const_expr(self.profile):
@@ -619,7 +656,7 @@ class RadixTopk:
         row_off = Int64(row) * src.stride[0]
         base = lo - Int32((Int64((src.iterator + row_off).toint()) // size + Int64(lo)) % (16 // size))
         tiles = cutlass.select_(hi > lo, (hi - base + TILE - 1) // TILE, Int32(0))
-        span = (row_off, base, lo, hi, tiles)
+        span = Span(row_off, base, lo, hi, tiles)
         refetch = Boolean(True)  # False once the first pass has left the whole span in the ring
 
         if (n <= k_sel) | (k_sel == 0):
@@ -651,8 +688,7 @@ class RadixTopk:
             share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
             target = min(2 * share, Int32(CAP * 3 // 4))
             if (per_cta > ONE_READ_FROM) & (4 * target >= 5 * share):
-                kept, gate = self.gated_copy(src, ring, span, target, hist, coarse, fine, result, warp_sums,
-                                             buf_key, buf_id, claimed, segments, keys, ids, tid)
+                kept, gate = self.gated_copy(src, sm, span, target, regs, tid)
                 self.mark(marks, "gated pass + index order")
                 refetch = Boolean(True)
                 if tid == 0:
@@ -674,8 +710,7 @@ class RadixTopk:
                     highest = cutlass.select_(gates[r] > highest, gates[r], highest)
                 self.mark(marks, "exchange")
                 if (total >= k_sel) & (fits == 1):
-                    t, take, mine_above = self.digits_from_copy(0, hist, buf_key, kept, Uint32(0), k_sel, Int32(0),
-                                                                coarse, fine, result, warp_sums, tid)
+                    t, take, mine_above = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel, Int32(0), tid)
                     found = Int32(t >= highest)
                     self.mark(marks, "digits from the copies")
                 if found == 0:
@@ -686,11 +721,10 @@ class RadixTopk:
                 # Two passes: histogram the first digit over the span; then a CTA whose keys at or
                 # above t's bucket fit in shared memory copies them there (in index order),
                 # counting the second digit on the way, and never passes over the span again.
-                self.count_digit(src, ring, span, refetch, hist, 0, t, keys, ids, tid)
+                self.count_digit(src, sm, span, refetch, 0, t, regs, tid)
                 self.mark(marks, "first-digit pass")
                 refetch = tiles > STAGES
-                digit, above, above_part = self.find_digit(hist, Int32(0), k_sel, coarse, fine, result, warp_sums,
-                                                           tid)
+                digit, above, above_part = self.find_digit(sm, Int32(0), k_sel, tid)
                 t = Uint32(digit) << Uint32(DIGITS[0][0])
                 _, mine_above = block_exclusive(above_part, warp_sums, tid, WARPS)
                 cute.arch.sync_threads()  # warp_sums is reused next
@@ -700,16 +734,14 @@ class RadixTopk:
                     written = Int32(0)
                     self.begin_pass(src, ring, span, refetch, tid)
                     for tile in range(tiles):
-                        self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                        written = written + self.copy_tile(keys, ids, t, hist, buf_key, buf_id, written, counts,
-                                                           tile % 2, tid)
+                        self.next_tile(src, ring, span, tile, refetch, regs, tid)
+                        written = written + self.copy_tile(regs, t, sm, written, tile % 2, tid)
                 else:
-                    self.count_digit(src, ring, span, refetch, hist, 1, t, keys, ids, tid)
+                    self.count_digit(src, sm, span, refetch, 1, t, regs, tid)
                 cute.arch.sync_threads()
                 self.mark(marks, "copy pass")
-                t, take, mine_above = self.digits_from_copy(1, hist, buf_key, kept, t, k_sel - above, above_part,
-                                                            coarse, fine, result, warp_sums, tid, src, ring, span,
-                                                            refetch, keys, ids)
+                t, take, mine_above = self.digits_from_copy(1, sm, kept, t, k_sel - above, above_part, tid, src, span,
+                                                            refetch, regs)
             mine_tied = hist[last * BINS + digit_of(t, last)]
 
             self.mark(marks, "digits 1-2")
@@ -750,15 +782,15 @@ class RadixTopk:
                         at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
                         keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
                         ids[i] = buf_id[at]
-                    added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, out, row, written, counts,
                                                     start // TILE % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied
             else:
                 self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
-                    self.next_tile(src, ring, span, tile, refetch, tid, keys, ids)
-                    added, tied = self.compact_tile(keys, ids, t, take, eq_before, ranked, out, row, written, counts,
+                    self.next_tile(src, ring, span, tile, refetch, regs, tid)
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, out, row, written, counts,
                                                     tile % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied

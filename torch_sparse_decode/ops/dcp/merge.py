@@ -38,6 +38,8 @@ reductions. Both take the same arguments and give bit-identical results.
 from __future__ import annotations
 
 
+from dataclasses import dataclass, replace
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
@@ -143,6 +145,44 @@ def global_row(address: Int64) -> cute.Tensor:
     return cute.make_tensor(ptr, cute.make_layout(1 << 30))
 
 
+@dataclass(frozen=True)
+class Rows:
+    """Where a merge reads its rows: the sent rows at word ``sent_at`` of ``gathered`` (rank r's
+    ``r * rank_stride`` further), rank r's rescue row at word ``rescue_at`` of its buffer
+    (``peers[r]``); in a step also the step's tag, the wait's bound, the CTA's ``info`` words and
+    the group's ``state``."""
+
+    gathered: cute.Tensor
+    sent_at: Int32
+    rank_stride: Int32
+    peers: cute.Tensor
+    rescue_at: Int32
+    want: Int32
+    timeout_ns: Int64
+    info: cute.Tensor
+    state: cute.Tensor
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass over the candidates: the shared memory it counts into (digit histograms; the
+    strict / tied bitmaps, their prefix counts and the picked ids of the output) and its
+    threshold state: t16 (the high digit alone in the low-digit pass), the ties taken at t16, and
+    in the output the chunk's first global id and the strict / tied ids of the chunks before."""
+
+    hist: cute.Tensor
+    info: cute.Tensor
+    strict: cute.Tensor
+    tied: cute.Tensor
+    prefix: cute.Tensor
+    picked: cute.Tensor
+    t16: Int32
+    ties: Int32
+    first_id: Int32
+    s_below: Int32
+    t_below: Int32
+
+
 class DcpMerge:
     """The merge for one static configuration: world size W, topk K (so sent slots N and rescue
     slots R), and whether it is a step's (flags, parity, step counter) or a simulated merge's."""
@@ -170,12 +210,12 @@ class DcpMerge:
     # ------------------------------------------------------------------ per-candidate actions
     #
     # The same actions run on the sent candidates in registers and on a streamed candidate set.
-    # ``ctx`` = (hist, info, strict, tied, prefix, picked, t16, ties, first_id, s_below, t_below).
 
     @cute.jit
-    def act(self, action: cutlass.Constexpr[str], key: Int32, gid: Int32, ctx, top: Int32) -> Int32:
+    def act(self, action: cutlass.Constexpr[str], key: Int32, gid: Int32, ctx: Pass, top: Int32) -> Int32:
         """One candidate's part of a pass; returns the running highest live global id."""
-        hist, info, strict, tied, prefix, picked, t16, ties, first_id, s_below, t_below = ctx
+        hist, strict, tied, prefix, picked = ctx.hist, ctx.strict, ctx.tied, ctx.prefix, ctx.picked
+        t16, ties, first_id, s_below, t_below = ctx.t16, ctx.ties, ctx.first_id, ctx.s_below, ctx.t_below
         if cutlass.const_expr(action == "high digit"):
             if key >= 0:
                 count_in(hist, key >> 8)
@@ -204,21 +244,21 @@ class DcpMerge:
         return top
 
     @cute.jit
-    def each_sent(self, action: cutlass.Constexpr[str], keys: cute.Tensor, gids: cute.Tensor, ctx, top: Int32):
+    def each_sent(self, action: cutlass.Constexpr[str], keys: cute.Tensor, gids: cute.Tensor, ctx: Pass, top: Int32):
         for i in cutlass.range_constexpr(self.per):
             top = self.act(action, keys[i], gids[i], ctx, top)
         return top
 
     @cute.jit
-    def each_streamed(self, action: cutlass.Constexpr[str], src, ctx, tid: Int32, top: Int32):
+    def each_streamed(self, action: cutlass.Constexpr[str], src: Rows, saturated: Int32, ctx: Pass, tid: Int32,
+                      top: Int32):
         """The action over every candidate of the rescued set: a saturated rank's rescue row (from
         its buffer) in place of its sent row."""
-        gathered, sent_at, rank_stride, peers, rescue_at, saturated = src[:6]
         for r in range(self.W):
             rescued = ((saturated >> r) & 1) != 0
             slots = cutlass.select_(rescued, Int32(self.R), Int32(self.N))
-            sent = self.row_base(gathered, sent_at + r * rank_stride)
-            base = cutlass.select_(rescued, peers[r] + Int64(rescue_at) * 4, sent)
+            sent = self.row_base(src.gathered, src.sent_at + r * src.rank_stride)
+            base = cutlass.select_(rescued, src.peers[r] + Int64(src.rescue_at) * 4, sent)
             for j in range(tid, slots, THREADS):
                 key, gid = candidate(self.arrived_word(base, j), self.arrived_word(base, slots + j // 32), j, r,
                                      self.W)
@@ -235,13 +275,12 @@ class DcpMerge:
             return global_row(base)[j]
 
     @cute.jit
-    def wait_rescued(self, src, tid: Int32):
+    def wait_rescued(self, src: Rows, saturated: Int32, tid: Int32):
         """In a step: every unit of the saturated ranks' rescue rows, polled until it carries the
         step's tag (``word``; the CTA's threads split the units)."""
-        peers, rescue_at, saturated = src[3], src[4], src[5]
         for r in range(self.W):
             if ((saturated >> r) & 1) != 0:
-                base = peers[r] + Int64(rescue_at) * 4
+                base = src.peers[r] + Int64(src.rescue_at) * 4
                 for u in range(tid, self.R + self.R // 32, THREADS):
                     self.word(base, u, src, r)
 
@@ -274,14 +313,15 @@ class DcpMerge:
             info[NEED] = need
 
     @cute.jit
-    def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, src, ctx, tid: Int32, marks: cute.Tensor):
+    def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, src: Rows, saturated: Int32, ctx: Pass,
+                  tid: Int32, marks: cute.Tensor):
         """(t16, ties, count): the K-th candidate's ord16, how many candidates at it are taken, how
         many in all (the histograms are zero on entry). Also leaves the highest live id in info."""
-        hist, info = ctx[0], ctx[1]
+        hist, info = ctx.hist, ctx.info
         lane, warp = tid % 32, tid // 32
         top = Int32(-1)
         if cutlass.const_expr(streamed):
-            top = self.each_streamed("high digit", src, ctx, tid, top)
+            top = self.each_streamed("high digit", src, saturated, ctx, tid, top)
         else:
             top = self.each_sent("high digit", keys, gids, ctx, top)
         top = warp_max(top)
@@ -293,9 +333,9 @@ class DcpMerge:
         cute.arch.sync_threads()
         high, above, need = info[DIGIT], info[ABOVE], info[NEED]
         self.mark(marks, "high digit")
-        low_ctx = (*ctx[:6], high << 8, *ctx[7:])
+        low_ctx = replace(ctx, t16=high << 8)
         if cutlass.const_expr(streamed):
-            self.each_streamed("low digit", src, low_ctx, tid, top)
+            self.each_streamed("low digit", src, saturated, low_ctx, tid, top)
         else:
             self.each_sent("low digit", keys, gids, low_ctx, top)
         cute.arch.sync_threads()
@@ -306,17 +346,20 @@ class DcpMerge:
         return (high << 8) | info[DIGIT], need - above - info[ABOVE], need
 
     @cute.jit
-    def emit(self, streamed: bool, keys, gids, src, ctx, tid: Int32, warp_sums: cute.Tensor, marks: cute.Tensor):
-        """The selected ids, ascending, into ``picked`` (the bitmaps are zero on entry)."""
-        hist, info, strict, tied, prefix, picked, t16, ties, _, _, _ = ctx
+    def emit(self, keys, gids, src: Rows, saturated: Int32, ctx: Pass, tid: Int32, warp_sums: cute.Tensor,
+             marks: cute.Tensor):
+        """The selected ids, ascending, into ``picked`` (the bitmaps are zero on entry); streamed
+        over the rescued set when a rank is ``saturated``."""
+        info, strict, tied, prefix = ctx.info, ctx.strict, ctx.tied, ctx.prefix
+        streamed = saturated != 0
         chunks = info[TOP] // CHUNK_IDS + 1
         counts = cute.make_rmem_tensor(OWN_WORDS, Int32)
         s_below = Int32(0)
         t_below = Int32(0)
         for c in range(chunks):
-            chunk_ctx = (hist, info, strict, tied, prefix, picked, t16, ties, c * CHUNK_IDS, s_below, t_below)
+            chunk_ctx = replace(ctx, first_id=c * CHUNK_IDS, s_below=s_below, t_below=t_below)
             if streamed:
-                self.each_streamed("set bits", src, chunk_ctx, tid, Int32(0))
+                self.each_streamed("set bits", src, saturated, chunk_ctx, tid, Int32(0))
             else:
                 self.each_sent("set bits", keys, gids, chunk_ctx, Int32(0))
             cute.arch.sync_threads()
@@ -333,7 +376,7 @@ class DcpMerge:
             cute.arch.sync_threads()
             self.mark(marks, "scan")
             if streamed:
-                self.each_streamed("emit", src, chunk_ctx, tid, Int32(0))
+                self.each_streamed("emit", src, saturated, chunk_ctx, tid, Int32(0))
             else:
                 self.each_sent("emit", keys, gids, chunk_ctx, Int32(0))
             s_below = s_below + (total & Int32((1 << T_SHIFT) - 1))
@@ -384,12 +427,12 @@ class DcpMerge:
         return Int64((gathered.iterator + at).toint())
 
     @cute.jit
-    def word(self, base: Int64, j: Int32, src, r) -> Int32:
+    def word(self, base: Int64, j: Int32, src: Rows, r) -> Int32:
         """Word j of rank r's B' row at ``base``; in a step (tagged units) once its unit carries
         the step's tag, polled up to the step's bound (else info[LATE] gets rank r's bit, one for
         late or one for another row count, and the word reads 0)."""
         if cutlass.const_expr(self.exchange):
-            want, timeout_ns, info, state = src[6], src[7], src[8], src[9]
+            want, timeout_ns, info, state = src.want, src.timeout_ns, src.info, src.state
             unit = load_unit(base, j)
             if tag_of(unit) != want:
                 start = wait_began(state)
@@ -469,7 +512,7 @@ class DcpMerge:
             rescue_at = rescue_offset + parity * parity_rescue + rescue_at
             rows, _, _ = cute.arch.grid_dim()
             want = step_tag(seq, Int32(rows))
-        src = (gathered, sent_at, rank_stride, peers, rescue_at, Int32(0), want, timeout_ns, info, state)
+        src = Rows(gathered, sent_at, rank_stride, peers, rescue_at, want, timeout_ns, info, state)
         if cutlass.const_expr(self.exchange):
             if tid == 0:  # polls every rank's row's last unit (stored last) first: the CTA's only writer
                 last = Int32(self.N + self.N // 32 - 1)  # of info until the barrier (it also set it up)
@@ -511,9 +554,9 @@ class DcpMerge:
                     cute.arch.atomic_min(lowest.iterator + r, low)
             self.mark(marks, "load")
 
-            ctx = (hist, info, strict, tied, prefix, picked, Int32(0), Int32(0), Int32(0), Int32(0), Int32(0))
-            t16, ties, count = self.threshold(False, keys, gids, src, ctx, tid, marks)
+            ctx = Pass(hist, info, strict, tied, prefix, picked, Int32(0), Int32(0), Int32(0), Int32(0), Int32(0))
             saturated = Int32(0)
+            t16, ties, count = self.threshold(False, keys, gids, src, saturated, ctx, tid, marks)
             for r in cutlass.range_constexpr(self.W):
                 if (lowest[r] >= t16) & (count > 0):
                     saturated = saturated | (1 << r)
@@ -524,13 +567,11 @@ class DcpMerge:
                 if tid == 0:
                     info[TOP] = Int32(-1)
                 cute.arch.sync_threads()
-                src = (*src[:5], saturated, *src[6:])
                 if cutlass.const_expr(self.exchange):
-                    self.wait_rescued(src, tid)
+                    self.wait_rescued(src, saturated, tid)
                     cute.arch.sync_threads()
-                t16, ties, count = self.threshold(True, keys, gids, src, ctx, tid, marks)
-            ctx = (hist, info, strict, tied, prefix, picked, t16, ties, Int32(0), Int32(0), Int32(0))
-            self.emit(saturated != 0, keys, gids, src, ctx, tid, warp_sums, marks)
+                t16, ties, count = self.threshold(True, keys, gids, src, saturated, ctx, tid, marks)
+            self.emit(keys, gids, src, saturated, replace(ctx, t16=t16, ties=ties), tid, warp_sums, marks)
             self.write_out(picked, count, rank, row, global_ids, local_ids, local_count, warp_sums, tid, marks)
             self.mark(marks, "local ids")
         if cutlass.const_expr(self.exchange):
