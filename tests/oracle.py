@@ -62,19 +62,40 @@ def candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_size: in
     return torch.tensor(out, dtype=torch.int32).view(rows, k)
 
 
-def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=False):
+def kept_groups(key: torch.Tensor, num_expert_group: int, topk_group: int) -> list[int]:
+    """The ``topk_group`` best groups of one token's canonical keys, by the sum of each group's two
+    best keys (Python floats summed in fp32), ties to the lower group."""
+    size = key.numel() // num_expert_group
+    sums = []
+    for g in range(num_expert_group):
+        best = sorted(key[g * size:(g + 1) * size].tolist(), reverse=True)[:2]
+        total = torch.tensor(best, dtype=torch.float32).sum().item() if len(best) == 2 else best[0]
+        sums.append(total)
+    return python_ranked(sums)[:topk_group]
+
+
+def moe_route(scores, bias, topk, renormalize=True, scale=1.0, apply_sigmoid=False, num_expert_group=1,
+              topk_group=1):
     """(weights f64 [T, topk], ids int32 [T, topk], condition f64 [T]) computed token by token.
 
     Weights are computed in float64 from the fp32 scores (the exact value the op rounds);
     ``condition`` is sum|w| / |sum w| of each renormalized row (1 otherwise): how much the
-    renormalizing sum can amplify rounding."""
+    renormalizing sum can amplify rounding. Grouped routing ranks only the kept groups' experts."""
+    scores = scores.float()
     scores = torch.sigmoid(scores) if apply_sigmoid else scores
+    bias = bias.float()
+    size = scores.shape[1] // num_expert_group
     weights, ids, condition = [], [], []
     for row in scores:
         key = row + bias
         bad = torch.isnan(row) | torch.isnan(key)
-        key = torch.where(bad, float("-inf"), key)
-        chosen = ranked(key)[:topk]
+        key = canon(torch.where(bad, float("-inf"), key))
+        if num_expert_group > 1:
+            members = torch.cat([torch.arange(g * size, (g + 1) * size)
+                                 for g in sorted(kept_groups(key, num_expert_group, topk_group))])
+            chosen = members[ranked(key[members])][:topk]
+        else:
+            chosen = ranked(key)[:topk]
         w = torch.where(bad, 0.0, row)[chosen].double()
         cond = 1.0
         if renormalize and bool((w == math.inf).any()):

@@ -11,7 +11,7 @@ the one-read path and its fallback, rows kept unread, k = 1 and 4096, unaligned 
 views, and select_candidate_blocks with k = 1 (k_sel = 0); the Triton block-key pre-pass at
 block sizes 1..256; the DCP pack (Triton) and the CuTe merge of simulated ranks (W = 2, 4, 16), and
 the symmetric-memory step (push, wait, merge) over simulated ranks, a peer of other rows included;
-moe_route in each flag combination; then a run of fuzzer cases (mixed batches). Every case is
+moe_route in each flag combination, grouped and not, fp32 and bf16; then a run of fuzzer cases (mixed batches). Every case is
 also checked against the reference, so a tool's slowdown cannot hide a wrong answer.
 """
 
@@ -102,16 +102,21 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                torch.zeros(2, dtype=torch.int32))
         expect(f"dcp step W={world} other rows: error word", torch.tensor(group[0].take_error()),
                torch.tensor(sum(1 << (16 + r) for r in range(1, world))))
-    for experts, topk in ((896, 16), (256, 8), (1024, 16), (7, 3)) if "moe" in sections else ():
+    moe_shapes = ((896, 16, 1, 1), (256, 8, 1, 1), (1024, 16, 1, 1), (7, 3, 1, 1), (256, 8, 8, 4), (1024, 32, 32, 8),
+                  (64, 32, 32, 32), (512, 22, 1, 1))
+    for experts, topk, groups, kept in moe_shapes if "moe" in sections else ():
         for renormalize in (True, False):
             for sigmoid in (True, False):
-                s = torch.randn(33, experts, generator=gen)
+                dtype = torch.bfloat16 if sigmoid and renormalize else torch.float32
+                s = torch.randn(33, experts, generator=gen).to(dtype)
                 s[0] = float("nan")
                 weights, ids = tsd.moe_route(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize=renormalize,
-                                             apply_sigmoid=sigmoid)
-                want_s = torch.sigmoid(s.cuda()).cpu() if sigmoid else s
-                expect(f"moe_route {experts}/{topk} renormalize={renormalize} sigmoid={sigmoid}", ids,
-                       oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize)[1])
+                                             apply_sigmoid=sigmoid, num_expert_group=groups, topk_group=kept)
+                want_s = torch.sigmoid(s.cuda().float()).cpu() if sigmoid else s
+                expect(f"moe_route {experts}/{topk} groups {groups}/{kept} renormalize={renormalize} "
+                       f"sigmoid={sigmoid} {dtype}", ids,
+                       oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize,
+                                        num_expert_group=groups, topk_group=kept)[1])
     if fuzz_cases and "fuzz" in sections:
         if small:
             fuzz.ELEMENTS = 1 << 20

@@ -18,6 +18,18 @@ def test_moe_route_compiles(experts, topk):
         assert moe_route.compiled(experts, topk, renormalize, apply_sigmoid) is not None
 
 
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 32), (64, 1, 32, 1),
+                                                      (512, 22, 1, 1), (1024, 32, 1, 1), (8, 2, 8, 2)])
+@pytest.mark.parametrize("source", ["torch.float32", "torch.bfloat16", "torch.float16"])
+def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, kept, source):
+    """Grouped routing, topk up to 32 of up to 1024 experts, groups of one, and bf16 / fp16 scores
+    with weights and bias in the scores' dtype or fp32."""
+    assert moe_route.compiled(experts, topk, True, source != "torch.float32", groups, kept, source, "torch.float32",
+                              source) is not None
+    if source != "torch.float32":
+        assert moe_route.compiled(experts, topk, False, False, groups, kept, source, source, "torch.float32") is not None
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
 def test_topk_engine_compiles(source, ranks):
@@ -181,3 +193,14 @@ def test_engine_shared_memory_fits_sm90():
     ring = topk.STAGES * topk.TILE * 4  # fp32 and int32 sources; bf16 takes half
     alignment = 12 * 16  # each of the 12 allocations may pad to 16 bytes
     assert 4 * words + ring + alignment <= 227 * 1024
+
+
+def test_a_configuration_compiles_once_however_its_arguments_are_spelled(tmp_path, monkeypatch):
+    """warmup() and the op may name the same configuration differently (a default left out or
+    passed): it must not compile twice, or the op's first call would compile after warmup."""
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", "0")
+    built = []
+    compiled = _small_route_kernel(built)
+    first = compiled(48)
+    assert compiled(48, 8) is first and compiled(48, topk=8) is first and compiled(experts=48) is first
+    assert built == [48]

@@ -4,25 +4,35 @@ import torch
 import oracle
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
+from torch_sparse_decode.ops.moe_route import reference
 
 SHAPES = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
 
-def route(s, b, topk, device, **kw):
-    weights = poisoned((s.shape[0], topk), torch.float32, device)
+def route(s, b, topk, device, weights_dtype=torch.float32, **kw):
+    weights = poisoned((s.shape[0], topk), weights_dtype, device)
     ids = poisoned((s.shape[0], topk), torch.int32, device)
     tsd.moe_route(s.to(device), b.to(device), topk, out=(weights, ids), **kw)
     return weights.cpu(), ids.cpu()
 
 
-def check(s, b, topk, device, **kw):
-    weights, ids = route(s, b, topk, device, **kw)
+def check(s, b, topk, device, weights_dtype=torch.float32, **kw):
+    weights, ids = route(s, b, topk, device, weights_dtype, **kw)
+    if device != "cpu":  # bit-identical to the reference on the same device, ids and weights
+        want = poisoned((s.shape[0], topk), weights_dtype, device), poisoned((s.shape[0], topk), torch.int32, device)
+        reference.moe_route(s.to(device), b.to(device), topk, kw.get("renormalize", True), float(kw.get("scale", 1.0)),
+                            kw.get("apply_sigmoid", False), kw.get("num_expert_group", 1), kw.get("topk_group", 1),
+                            *want)
+        assert torch.equal(ids, want[1].cpu()) and torch.equal(weights, want[0].cpu())
     if kw.get("apply_sigmoid") and device != "cpu":
         # The contract: moe_route(x, apply_sigmoid=True) == moe_route(torch.sigmoid(x)) on the same
         # device (CPU and CUDA sigmoids may differ by an ulp, which can reorder near-ties).
-        s, kw = torch.sigmoid(s.to(device)).cpu(), {**kw, "apply_sigmoid": False}
+        s, kw = torch.sigmoid(s.to(device).float()).cpu(), {**kw, "apply_sigmoid": False}
     want_w, want_ids, condition = oracle.moe_route(s, b, topk, **kw)
     assert torch.equal(ids, want_ids)
+    if weights_dtype != torch.float32:  # the fp32 weights rounded once
+        assert torch.equal(weights, route(s, b, topk, device, **kw)[0].to(weights_dtype))
+        return
     # Distinct valid experts, always.
     assert ids.min() >= 0 and ids.max() < s.shape[1]
     assert (torch.sort(ids, dim=1).values.diff(dim=1) > 0).all()
@@ -143,3 +153,145 @@ def test_renormalize_never_overflows_and_inf_shares(device):
     assert not torch.isnan(weights).any()
     check(s, torch.zeros(64), 4, device, scale=2.0)
     check(s, torch.zeros(64), 3, device)
+
+
+# ------------------------------------------------------------------ grouped routing, dtypes, k <= 32
+
+GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (96, 12, 12, 12), (8, 2, 8, 2)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("experts,topk,groups,kept", GROUPED)
+@pytest.mark.parametrize("kind", KINDS)
+def test_grouped_routing_of_every_kind(device, experts, topk, groups, kept, kind):
+    s = scores(kind, (9, experts), seed=experts + groups)
+    if kind in ("random", "bf16_plateau"):
+        s = torch.sigmoid(s)
+    b = torch.randn(experts, generator=torch.Generator().manual_seed(5)) * 0.05
+    check(s, b, topk, device, num_expert_group=groups, topk_group=kept, scale=2.5)
+    check(s, torch.zeros(experts), topk, device, num_expert_group=groups, topk_group=kept, renormalize=False)
+
+
+def _deepseek_v3_routing(s, bias, topk, groups, kept, scale):
+    """DeepSeek-V3's own routing in stock torch ops (the group mask is -inf): the baseline."""
+    tokens, experts = s.shape
+    keyed = s + bias
+    group_scores = keyed.view(tokens, groups, -1).topk(2, dim=-1).values.sum(dim=-1)
+    group_idx = torch.topk(group_scores, kept, dim=-1, sorted=False).indices
+    mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1).bool()
+    mask = mask.unsqueeze(-1).expand(tokens, groups, experts // groups).reshape(tokens, experts)
+    ids = torch.topk(keyed.masked_fill(~mask, float("-inf")), topk, dim=-1).indices
+    weights = s.gather(1, ids)
+    return weights / weights.sum(dim=-1, keepdim=True) * scale, ids
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(device):
+    """Random scores (no ties, no NaN): the same experts as DeepSeek-V3's own code, 256 experts in
+    8 groups, 4 kept, top 8, scale 2.5."""
+    gen = torch.Generator().manual_seed(21)
+    s = torch.sigmoid(torch.randn(64, 256, generator=gen))
+    b = torch.randn(256, generator=gen) * 0.1
+    weights, ids = route(s, b, 8, device, num_expert_group=8, topk_group=4, scale=2.5)
+    want_w, want_ids = _deepseek_v3_routing(s, b, 8, 8, 4, 2.5)
+    assert torch.equal(ids.long(), want_ids)
+    torch.testing.assert_close(weights, want_w, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_no_expert_outside_the_kept_groups_even_when_every_kept_key_is_negative(device):
+    """Masking the other groups with 0.0 would pick them here; so would -inf where the kept keys
+    are -inf or NaN (ties go to the lower id, and the other groups come first)."""
+    s = torch.zeros(4, 64)
+    b = torch.zeros(64)
+    s[0, :32] = 0.9  # groups 0-3 (of 8) look strong on their two best keys...
+    s[0, 32:] = -0.5  # ...and groups 4-7 negative
+    s[1] = -1.0
+    s[1, 40:42] = -0.1  # group 5 best
+    s[2, :56] = 0.5
+    s[2, 56:] = float("nan")  # group 7 all NaN: its score is -inf
+    s[3] = float("-inf")
+    s[3, 60:62] = 1.0  # group 7 holds the only finite keys (one alone would sum to -inf)
+    _, ids = route(s, b, 8, device, num_expert_group=8, topk_group=1)
+    assert (ids[0] < 8).all()  # group 0, the lowest of four equal groups
+    assert ((ids[1] >= 40) & (ids[1] < 48)).all()
+    assert (ids[2] < 8).all()
+    assert ((ids[3] >= 56) & (ids[3] < 64)).all() and ids[3, 0] == 60
+    for kept in (1, 2, 5):
+        check(s, b, min(8, 8 * kept), device, num_expert_group=8, topk_group=kept)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_group_ties(device):
+    """Two groups whose two best keys sum alike (the lower group wins), a tie made of different
+    pairs (0.5 + 0.25 against 0.375 + 0.375), ties inside a kept group, all-equal rows, -0.0 against
+    +0.0, and a group of +inf and -inf (its sum is NaN: it ranks last)."""
+    inf = float("inf")
+    s = torch.full((6, 32), 0.125)
+    s[0, 8:12] = torch.tensor([0.5, 0.25, 0.0, 0.0])
+    s[0, 16:20] = torch.tensor([0.375, 0.375, 0.0, 0.0])
+    s[1] = 0.25  # all equal
+    s[2, :4] = -0.0
+    s[2, 4:] = -1.0
+    s[2, 28:] = 0.0
+    s[3, :4] = torch.tensor([inf, -inf, -inf, -inf])
+    s[3, 4:] = -1.0
+    s[4, ::2] = 0.75  # ties inside every group
+    s[5] = torch.randn(32, generator=torch.Generator().manual_seed(2))
+    b = torch.zeros(32)
+    for kept in (1, 2, 3):
+        check(s, b, 4, device, num_expert_group=8, topk_group=kept)
+    assert (route(s, b, 4, device, num_expert_group=8, topk_group=1)[1][0] >= 8).all()  # group 2 of the tie
+    assert (route(s, b, 4, device, num_expert_group=8, topk_group=1)[1][0] < 12).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("experts,topk", [(512, 22), (1024, 32), (1024, 23), (33, 32), (32, 32)])
+def test_topk_up_to_32(device, experts, topk):
+    for kind in ("random", "all_equal", "few_distinct", "nan_mixed", "inf_mixed"):
+        s = scores(kind, (17, experts), seed=topk)
+        check(s, torch.randn(experts, generator=torch.Generator().manual_seed(3)) * 0.01, topk, device, scale=1.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("groups,kept", [(1, 1), (8, 4)])
+def test_half_precision_scores_widen_exactly(device, dtype, groups, kept):
+    """bf16 / fp16 scores rank as their exact fp32 values (ties that only the narrow type makes
+    stay ties, broken by the lower id); weights in fp32 or in the scores' dtype (the fp32 weights
+    rounded once); the bias in fp32 or in the scores' dtype."""
+    s = torch.sigmoid(scores("random", (40, 256), seed=9)).to(dtype)
+    s[1] = s[1, :1]  # all equal in the narrow type
+    s[2, ::3] = s[2, 0]
+    s[3, :8] = float("nan")
+    s[4, 100:] = -0.0
+    b32 = torch.randn(256, generator=torch.Generator().manual_seed(4)) * 0.01
+    for b in (b32, b32.to(dtype), torch.zeros(256)):
+        for weights_dtype in (torch.float32, dtype):
+            check(s, b, 8, device, weights_dtype, num_expert_group=groups, topk_group=kept, scale=2.5)
+            check(s, b, 8, device, weights_dtype, num_expert_group=groups, topk_group=kept, apply_sigmoid=True)
+    want = route(s.float(), b32, 8, device, num_expert_group=groups, topk_group=kept)
+    assert all(torch.equal(g, w) for g, w in zip(route(s, b32, 8, device, num_expert_group=groups,
+                                                       topk_group=kept), want))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_largest_batch(device):
+    s = torch.sigmoid(scores("random", (8192, 256), seed=13))
+    s[::5] = 0.5  # CUDA-graph padding rows
+    s[1::5, 64:96] = float("nan")
+    check(s, scores("few_distinct", (256,), seed=14) * 0.01, 8, device, num_expert_group=8, topk_group=4, scale=2.5)
+
+
+def test_grouped_arguments_are_checked():
+    s, b = torch.rand(2, 64), torch.zeros(64)
+    with pytest.raises(ValueError, match=r"num_expert_group \(5\) must divide the 64 experts"):
+        tsd.moe_route(s, b, 4, num_expert_group=5, topk_group=1)
+    with pytest.raises(ValueError, match=r"topk_group must be in \[1, 8\], got 9"):
+        tsd.moe_route(s, b, 4, num_expert_group=8, topk_group=9)
+    with pytest.raises(ValueError, match="topk must be <= topk_group . experts / num_expert_group = 16"):
+        tsd.moe_route(s, b, 17, num_expert_group=8, topk_group=2)
+    with pytest.raises(TypeError, match="num_expert_group must be an int"):
+        tsd.moe_route(s, b, 4, num_expert_group=8.0, topk_group=2)
+    with pytest.raises(TypeError, match="weights must have dtype float32"):
+        tsd.moe_route(s, b, 4, out=(torch.empty(2, 4, dtype=torch.bfloat16), torch.empty(2, 4, dtype=torch.int32)))

@@ -37,7 +37,7 @@ def op_cases(device):
     keys = dcp.local_topk_keys(tokens, lengths, 4, 1, 64).expand(4, -1, -1).contiguous()
     merged = lambda: (torch.empty(3, 64, **i32), torch.empty(3, 64, **i32), torch.empty(3, **i32))  # noqa: E731
     return {
-        "moe_route": (scores, bias, 4, True, 1.5, False, torch.empty(5, 4, **f32), torch.empty(5, 4, **i32)),
+        "moe_route": (scores, bias, 4, True, 1.5, False, 8, 4, torch.empty(5, 4, **f32), torch.empty(5, 4, **i32)),
         "select_candidate_blocks": (logits, ends, 8, 10, torch.empty(3, 10, **i32)),
         "indexer_topk": (tokens, lengths, 16, torch.empty(3, 16, **i32)),
         "dcp_pack": (tokens, lengths, 4, 1, 64, torch.empty_like(packed), torch.empty_like(rescue)),
@@ -58,6 +58,9 @@ def test_every_op_is_registered_and_passes_opcheck(device):
 
 def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks_lengths, group=None):
     weights, experts = tsd.moe_route(router, bias, 8, scale=2.0)
+    grouped = tsd.moe_route(router.bfloat16(), bias, 8, scale=2.5, num_expert_group=8, topk_group=4,
+                            out=(torch.empty(router.shape[0], 8, dtype=torch.bfloat16, device=router.device),
+                                 torch.empty(router.shape[0], 8, dtype=torch.int32, device=router.device)))
     blocks = tsd.select_candidate_blocks(logits, ends, 64, 16)
     positions = tsd.indexer_topk(tokens, lengths, 32)
     world_size = ranks_scores.shape[0]
@@ -71,7 +74,7 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
     generic_ids = dcp.merge_generic(keys, 1)[0]
     # The full step over a (one-rank) process group, traced as one op with the group's name.
     step_ids = dcp.dcp_topk_merge(ranks_scores[0], ranks_lengths[0], 64, group)[0]
-    return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids, step_ids
+    return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids, step_ids, *grouped
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -118,9 +121,16 @@ bad("moe_route", _set(0, lambda t: torch.rand(5, 64, 2)[..., 0]), ValueError, "s
 bad("moe_route", _set(1, lambda t: t[:10]), ValueError, "bias must have shape")
 bad("moe_route", _set(1, lambda t: t.half()), TypeError, "bias must have dtype")
 bad("moe_route", _set(2, 0), ValueError, "topk must be in")
-bad("moe_route", _set(2, 17), ValueError, "topk must be in")
-bad("moe_route", _set(6, lambda t: t[:, :3]), ValueError, "weights must")
-bad("moe_route", _set(7, lambda t: t.long()), TypeError, "ids must have dtype int32")
+bad("moe_route", _set(2, 33), ValueError, "topk must be in")
+bad("moe_route", _set(8, lambda t: t[:, :3]), ValueError, "weights must")
+bad("moe_route", _set(8, lambda t: t.half()), TypeError, "weights must have dtype float32")
+bad("moe_route", _set(9, lambda t: t.long()), TypeError, "ids must have dtype int32")
+bad("moe_route", _set(6, 3), ValueError, r"num_expert_group \(3\) must divide the 64 experts")
+bad("moe_route", _set(6, 0), ValueError, "num_expert_group must be in")
+bad("moe_route", _set(6, 64), ValueError, r"num_expert_group must be in \[1, 32\]")
+bad("moe_route", _set(7, 9), ValueError, r"topk_group must be in \[1, 8\]")
+bad("moe_route", lambda a: (*a[:2], 9, *a[3:6], 8, 1, torch.empty(5, 9), torch.empty(5, 9, dtype=torch.int32)),
+    ValueError, "topk must be <= topk_group . experts / num_expert_group = 8")
 bad("moe_route", _set(0, lambda t: torch.rand(2, 2000)), ValueError, "scores must have 1 to 1024 experts")
 bad("moe_route", _set(4, float("nan")), ValueError, "scale must be finite")
 bad("moe_route", _set(4, float("inf")), ValueError, "scale must be finite")

@@ -39,6 +39,16 @@ def _moe_route(device: torch.device) -> Example:
                    lambda: moe_route(scores, bias, 16, scale=2.5))
 
 
+def _grouped_moe_route(device: torch.device) -> Example:
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.sigmoid(torch.randn(8, 256, generator=gen)).bfloat16()
+    bias = torch.randn(256, generator=gen) * 0.1
+    s, b = _on(device, scores, bias)
+    route = dict(scale=2.5, num_expert_group=8, topk_group=4)
+    return Example("moe_route", "T=8 E=256 g8/4 k=8 bf16",
+                   lambda: moe_route(s, b, 8, **route), lambda: moe_route(scores, bias, 8, **route))
+
+
 def _select_candidate_blocks(device: torch.device) -> Example:
     logits = torch.randn(4, 32768, generator=torch.Generator().manual_seed(1))
     lengths = torch.tensor([32768, 20000, 64, 0], dtype=torch.int32)
@@ -104,6 +114,7 @@ def _dcp_step(device: torch.device) -> Example:
 
 EXAMPLES = (
     _moe_route,
+    _grouped_moe_route,
     _select_candidate_blocks,
     _indexer_topk,
     _dcp("dcp simulate (one-round)", 3, dcp.simulate_dcp_topk, _dcp_generic),

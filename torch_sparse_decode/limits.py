@@ -2,7 +2,8 @@
 on the GPU. The checks and the kernels read them here."""
 
 MOE_MAX_EXPERTS = 1024
-MOE_MAX_TOPK = 16
+MOE_MAX_TOPK = 32
+MOE_MAX_GROUPS = 32  # num_expert_group
 TOPK_MAX_K = 4096
 TOPK_MAX_WIDTH = 1 << 20
 TOPK_MAX_ROWS = 65535  # the CUDA engine puts rows on a grid dimension capped there

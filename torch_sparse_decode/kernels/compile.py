@@ -114,20 +114,25 @@ def cached_kernel(name: str):
 
     def wrap(build: Callable[..., Any]):
         signature = inspect.signature(build)
-        memo: dict[tuple, Any] = {}
+        by_call: dict[tuple, Any] = {}  # as the caller spelled the arguments: the fast path
+        by_config: dict[tuple, Any] = {}  # every argument, defaults filled in
 
         @functools.wraps(build)
         def compiled(*args, **kwargs):
             key = (args, tuple(kwargs.items())) if kwargs else args
-            fn = memo.get(key)
+            fn = by_call.get(key)
             if fn is None:
                 bound = signature.bind(*args, **kwargs)
                 bound.apply_defaults()
-                fn = memo[key] = _compile(name, tuple(bound.arguments.values()), build)
+                config = tuple(bound.arguments.values())
+                fn = by_config.get(config)
+                if fn is None:
+                    fn = by_config[config] = _compile(name, config, build)
+                by_call[key] = fn
             return fn
 
-        compiled.cache_clear = memo.clear
-        _CACHES.append(memo)
+        compiled.cache_clear = lambda: (by_call.clear(), by_config.clear())
+        _CACHES.extend((by_call, by_config))
         return compiled
 
     return wrap

@@ -2,23 +2,28 @@
 
 Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing.
 
-1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced), applies the
-   optional sigmoid, adds the bias and builds a 64-bit key: the order-preserving bits of the
-   canonical fp32 key (NaN -> -inf, -0.0 -> +0.0) above the complemented expert id. Keys are
-   unique, so the library order (lower id wins ties) is plain unsigned comparison, and all-equal
-   or all-NaN rows (CUDA-graph padding) behave like any other row.
-2. Threshold: expert ``e`` belongs to group ``e % 32`` (its lane). The ``topk``-th largest of the
-   32 group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0.
-3. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
+1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced), widens bf16 / fp16
+   scores to fp32, applies the optional sigmoid, adds the bias and builds a 64-bit key: the
+   order-preserving bits of the canonical fp32 key (NaN -> -inf, -0.0 -> +0.0) above the
+   complemented expert id. Keys are unique, so the library order (lower id wins ties) is plain
+   comparison, and all-equal or all-NaN rows (CUDA-graph padding) behave like any other row.
+2. Grouped routing (``num_expert_group`` > 1): the canonical keys go to shared memory; warp w
+   reduces groups w, w + 8, ... to their two best keys (a butterfly over the lanes) and their
+   fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
+   group) and every expert outside the ``topk_group`` best groups drops below every real key.
+3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
+   lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0.
+4. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
    is the number of candidates above it. Ranks < topk give the output slot directly: ids come out
    in key order with no sort.
-4. Warp 0 renormalizes the selected unbiased scores and scales them.
+5. Warp 0 renormalizes the selected unbiased scores (the sum in fp64, best first, and the division
+   in fp64, as the reference does, so the weights are bit-identical to it) and scales them.
 
 Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
 crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
 64-bit keys make such rows as cheap as random ones (exactly ``topk`` candidates). Random router
 scores give ~20-40 candidates, ranked by up to 32 threads each; an adversarial row can give up
-to 16 * 28, which is still exact, only slower (ranking is quadratic in the candidate count).
+to the whole row, which is still exact, only slower (ranking is quadratic in the candidate count).
 
 The sigmoid is ``1 / (1 + exp(-x))`` with the accurate ``expf`` and an IEEE division, the formula
 torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the same device.
@@ -31,7 +36,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import BFloat16, Float16, Float32, Float64, Int32, Int64, Uint32
 
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
@@ -42,11 +47,13 @@ WARPS = THREADS // 32
 
 
 KEY_NONE = -(1 << 63)  # below every real key
+DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16}
 
 
 @cute.jit
-def ordered_key(key: Float32, expert: Int32) -> Int64:
-    """Signed 64-bit library-order key of an fp32 key (NaN already mapped to -inf).
+def expert_key(key: Float32, expert: Int32) -> Int64:
+    """Signed 64-bit library-order key of an fp32 key (NaN already mapped to -inf) and its id
+    (an expert's, or a group's).
 
     High half: the fp32 bits as a signed int with the negative range flipped (order-preserving);
     low half: ``0xFFFFFFFF - expert``, so equal scores rank the lower id first. Signed keys keep
@@ -68,34 +75,33 @@ def warp_sum(value):
 
 
 @cute.jit
-def renormalized(weight: Float32) -> Float32:
-    """A lane's selected weight divided by the warp's sum (lanes past topk hold 0); a sum that is
-    not > 0 divides by 1. Only a sum that is inf or NaN takes more steps: +inf weights share the
-    weight evenly and the others get 0; else the finite weights overflowed it (or one is -inf),
-    and the sum is taken again on the weights scaled by 2**-8, exact for weights that large, so no
-    finite input overflows it. Every branch is warp-uniform."""
-    total = warp_sum(weight)
-    result = weight
-    if (total - total) != Float32(0.0):
-        infinite = warp_sum(Int32(weight == Float32.inf))
-        if infinite > 0:
-            result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
-        else:
-            scaled = weight * Float32(1.0 / 256)
-            total = warp_sum(scaled)
-            if total > Float32(0.0):
-                result = scaled / total
-    elif total > Float32(0.0):
-        result = weight / total
+def canonical(x: Float32) -> Float32:
+    """NaN as -inf, -0.0 as +0.0 (adding +0.0 turns -0.0 into +0.0 and keeps everything else)."""
+    return cutlass.select_(x != x, -Float32.inf, x) + Float32(0.0)
+
+
+@cute.jit
+def renormalized(weight: Float32, total: Float64) -> Float32:
+    """A lane's selected weight divided by ``total``, the fp64 sum of the selected weights (best
+    first); a sum that is not > 0 divides by 1, and where some weights are +inf those share the
+    weight evenly and the others get 0. Every branch is warp-uniform."""
+    result = Float32(Float64(weight) / cutlass.select_(total > Float64(0.0), total, Float64(1.0)))
+    infinite = warp_sum(Int32(weight == Float32.inf))
+    if infinite > 0:
+        result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
     return result
 
 
 class MoeRoute:
-    """Routing for one static configuration (E, topk, renormalize, apply_sigmoid)."""
+    """Routing for one static configuration: E, topk, renormalize, apply_sigmoid, the expert
+    groups (count, kept) and the dtypes of scores, bias and weights."""
 
-    def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool):
+    def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1,
+                 topk_group: int = 1):
         self.experts, self.topk = experts, topk
         self.renormalize, self.apply_sigmoid = renormalize, apply_sigmoid
+        self.groups, self.topk_group = groups, topk_group
+        self.group_size = experts // groups
         self.per_thread = -(-experts // THREADS)
 
     @cute.jit
@@ -104,6 +110,56 @@ class MoeRoute:
         self.kernel(scores, bias, scale, weights, ids).launch(
             grid=[scores.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream
         )
+
+    @cute.jit
+    def group_score(self, value: cute.Tensor, group: Int32, lane: Int32) -> Float32:
+        """One warp: the fp32 sum of the group's two best keys (its key for groups of one),
+        canonical. ``value`` holds every expert's canonical key; a lane's first pass keeps its two
+        best, a butterfly merges the lanes' pairs."""
+        first = Float32(-Float32.inf)
+        second = Float32(-Float32.inf)
+        for j in cutlass.range_constexpr(-(-self.group_size // 32)):
+            if j * 32 + lane < self.group_size:
+                v = value[group * self.group_size + j * 32 + lane]
+                second = max(second, min(first, v))
+                first = max(first, v)
+        for b in cutlass.range_constexpr(5):
+            other_first = cute.arch.shuffle_sync_bfly(first, offset=1 << b)
+            other_second = cute.arch.shuffle_sync_bfly(second, offset=1 << b)
+            second = max(max(second, other_second), min(first, other_first))
+            first = max(first, other_first)
+        total = first
+        if cutlass.const_expr(self.group_size > 1):
+            total = first + second
+        return canonical(total)
+
+    @cute.jit
+    def keep_best_groups(self, keys: cute.Tensor, value: cute.Tensor, group_key: cute.Tensor, kept: cute.Tensor,
+                         tid: Int32):
+        """Experts outside the ``topk_group`` best groups drop to KEY_NONE in ``keys``."""
+        warp, lane = tid // 32, tid % 32
+        for g in cutlass.range_constexpr(-(-self.groups // WARPS)):
+            group = g * WARPS + warp
+            if group < self.groups:
+                score = self.group_score(value, group, lane)
+                if lane == 0:
+                    group_key[group] = expert_key(score, group)
+        cute.arch.sync_threads()
+        if warp == 0:
+            mine = Int64(KEY_NONE)
+            if lane < self.groups:
+                mine = group_key[lane]
+            above = Int32(0)
+            for q in cutlass.range_constexpr(self.groups):
+                above += Int32(group_key[q] > mine)
+            if lane < self.groups:
+                kept[lane] = Int32(above < self.topk_group)
+        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(self.per_thread):
+            expert = tid + THREADS * i
+            if expert < self.experts:
+                if kept[expert // self.group_size] == 0:
+                    keys[i] = Int64(KEY_NONE)
 
     @cute.kernel
     def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -124,26 +180,38 @@ class MoeRoute:
         # 1. Keys and unbiased weights of this thread's experts.
         keys = cute.make_rmem_tensor(self.per_thread, Int64)
         score_of = cute.make_rmem_tensor(self.per_thread, Float32)
-        mine = Int64(KEY_NONE)
+        value = cand_weight  # grouped routing: every expert's canonical key, until step 4 reuses it
         for i in cutlass.range_constexpr(self.per_thread):
             expert = tid + THREADS * i
             keys[i] = Int64(KEY_NONE)
             score_of[i] = Float32(0.0)
             if expert < self.experts:
-                score = scores[token, expert]
+                score = scores[token, expert].to(Float32)
                 if cutlass.const_expr(self.apply_sigmoid):
                     score = Float32(1.0) / (Float32(1.0) + cute.math.exp(-score, fastmath=False))
-                key = score + bias[expert]
+                key = score + bias[expert].to(Float32)
                 if (score != score) | (key != key):
                     score = Float32(0.0)
                     key = -Float32.inf
-                keys[i] = ordered_key(key, expert)
+                keys[i] = expert_key(key, expert)
                 score_of[i] = score
+                if cutlass.const_expr(self.groups > 1):
+                    value[expert] = canonical(key)
+
+        # 2. Grouped routing: only the experts of the best groups stay.
+        if cutlass.const_expr(self.groups > 1):
+            group_key = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
+            kept = smem.allocate_tensor(Int32, cute.make_layout(32), 16)
+            cute.arch.sync_threads()
+            self.keep_best_groups(keys, value, group_key, kept, tid)
+
+        mine = Int64(KEY_NONE)
+        for i in cutlass.range_constexpr(self.per_thread):
             mine = max(mine, keys[i])
         group_max[warp, lane] = mine
         cute.arch.sync_threads()
 
-        # 2. t0: the topk-th largest group maximum (keys are unique, so ranks are too).
+        # 3. t0: the topk-th largest lane-group maximum (keys are unique, so ranks are too).
         if warp == 0:
             best = group_max[0, lane]
             for w in cutlass.range_constexpr(1, WARPS):
@@ -157,7 +225,7 @@ class MoeRoute:
                 threshold[0] = best
         cute.arch.sync_threads()
 
-        # 3. Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
+        # 4. Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
         cutoff = threshold[0]
         below_me = (Uint32(1) << Uint32(lane)) - Uint32(1)
         count = Int32(0)
@@ -202,40 +270,50 @@ class MoeRoute:
                 picked[above] = cand_weight[j]
         cute.arch.sync_threads()
 
-        # 4. Weights: renormalize over the selected (a sum that is not > 0 divides by 1), scale.
+        # 5. Weights: renormalize over the selected (the fp64 sum, best first), scale, store.
         if warp == 0:
             weight = Float32(0.0)
             if lane < self.topk:
                 weight = picked[lane]
             if cutlass.const_expr(self.renormalize):
-                weight = renormalized(weight)
+                weight_sum = Float64(0.0)
+                for q in cutlass.range_constexpr(self.topk):  # every lane sums the same terms in the same order
+                    weight_sum = weight_sum + Float64(picked[q])
+                weight = renormalized(weight, weight_sum)
             if lane < self.topk:
-                weights[token, lane] = weight * scale
+                weights[token, lane] = (weight * scale).to(weights.element_type)
 
 
 @cached_kernel("moe_route")
-def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool):
-    """The kernel at one static configuration, from fake tensors (no GPU needed)."""
+def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
+             source: str = "torch.float32", bias_dtype: str = "torch.float32", weights_dtype: str = "torch.float32"):
+    """The kernel at one static configuration, from fake tensors (no GPU needed). Dtypes are
+    named as ``str(torch.dtype)``."""
+    names = {str(d): t for d, t in DTYPES.items()}
     tokens = cute.sym_int()
-    scores = fake_tensor(Float32, (tokens, experts), (experts, 1))
-    bias = fake_tensor(Float32, (experts,), (1,))
-    weights = fake_tensor(Float32, (tokens, topk), (topk, 1))
+    scores = fake_tensor(names[source], (tokens, experts), (experts, 1))
+    bias = fake_tensor(names[bias_dtype], (experts,), (1,))
+    weights = fake_tensor(names[weights_dtype], (tokens, topk), (topk, 1))
     ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
-    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid)
+    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group)
     return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
 
 
-def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, weights, ids) -> None:
+def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
+              ids) -> None:
     """The CUDA kernel of ``sparse_decode::moe_route`` (arguments already checked)."""
     if scores.shape[0] == 0:
         return
-    compiled(scores.shape[1], topk, renormalize, apply_sigmoid)(scores, bias, scale, weights, ids)
+    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, str(scores.dtype), str(bias.dtype),
+             str(weights.dtype))(scores, bias, scale, weights, ids)
 
 
-# Configurations compiled by warmup(): the DeepSeek-V3, Kimi-K2 and seed shapes.
-WARM_CONFIGS = [(e, k, r, False) for e, k in ((896, 16), (384, 8), (256, 8)) for r in (True, False)]
+# Configurations compiled by warmup(): the DeepSeek-V3 (grouped), Kimi-K2 and seed shapes.
+WARM_CONFIGS = [(896, 16, r, False, 1, 1) for r in (True, False)] + [(384, 8, r, False, 1, 1) for r in (True, False)] \
+    + [(256, 8, r, False, 1, 1) for r in (True, False)] + [(256, 8, True, False, 8, 4), (256, 8, True, True, 8, 4)]
 
 
 def warm(device: torch.device) -> None:
-    for experts, topk, renormalize, apply_sigmoid in WARM_CONFIGS:
-        compiled(experts, topk, renormalize, apply_sigmoid)
+    for config in WARM_CONFIGS:
+        compiled(*config)
