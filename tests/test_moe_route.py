@@ -18,6 +18,8 @@ def route(s, b, topk, device, weights_dtype=torch.float32, **kw):
 
 def check(s, b, topk, device, weights_dtype=torch.float32, **kw):
     weights, ids = route(s, b, topk, device, weights_dtype, **kw)
+    if weights_dtype != torch.float32:  # the fp32 weights rounded once
+        assert torch.equal(weights, route(s, b, topk, device, **kw)[0].to(weights_dtype))
     if device != "cpu":  # bit-identical to the reference on the same device, ids and weights
         want = poisoned((s.shape[0], topk), weights_dtype, device), poisoned((s.shape[0], topk), torch.int32, device)
         reference.moe_route(s.to(device), b.to(device), topk, kw.get("renormalize", True), float(kw.get("scale", 1.0)),
@@ -30,8 +32,7 @@ def check(s, b, topk, device, weights_dtype=torch.float32, **kw):
         s, kw = torch.sigmoid(s.to(device).float()).cpu(), {**kw, "apply_sigmoid": False}
     want_w, want_ids, condition = oracle.moe_route(s, b, topk, **kw)
     assert torch.equal(ids, want_ids)
-    if weights_dtype != torch.float32:  # the fp32 weights rounded once
-        assert torch.equal(weights, route(s, b, topk, device, **kw)[0].to(weights_dtype))
+    if weights_dtype != torch.float32:
         return
     # Distinct valid experts, always.
     assert ids.min() >= 0 and ids.max() < s.shape[1]

@@ -16,8 +16,8 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
 4. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
    is the number of candidates above it. Ranks < topk give the output slot directly: ids come out
    in key order with no sort.
-5. Warp 0 renormalizes the selected unbiased scores (the sum in fp64, best first, and the division
-   in fp64, as the reference does, so the weights are bit-identical to it) and scales them.
+5. Warp 0 renormalizes the selected unbiased scores (a butterfly sum over the lanes, the
+   reference's order too, so the weights are bit-identical to it) and scales them.
 
 Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
 crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
@@ -36,7 +36,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Float64, Int32, Int64, Uint32
+from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint32
 
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
@@ -81,14 +81,26 @@ def canonical(x: Float32) -> Float32:
 
 
 @cute.jit
-def renormalized(weight: Float32, total: Float64) -> Float32:
-    """A lane's selected weight divided by ``total``, the fp64 sum of the selected weights (best
-    first); a sum that is not > 0 divides by 1, and where some weights are +inf those share the
-    weight evenly and the others get 0. Every branch is warp-uniform."""
-    result = Float32(Float64(weight) / cutlass.select_(total > Float64(0.0), total, Float64(1.0)))
-    infinite = warp_sum(Int32(weight == Float32.inf))
-    if infinite > 0:
-        result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
+def renormalized(weight: Float32) -> Float32:
+    """A lane's selected weight divided by the warp's sum (lanes past topk hold 0); a sum that is
+    not > 0 divides by 1. Only a sum that is inf or NaN takes more steps: +inf weights share the
+    weight evenly and the others get 0; else the finite weights overflowed it (or one is -inf),
+    and the sum is taken again on the weights scaled by 2**-8, exact for weights that large, so no
+    finite input overflows it. Every branch is warp-uniform. The reference does these same fp32
+    operations in the same order (the butterfly's pairs), so the weights are bit-identical."""
+    total = warp_sum(weight)
+    result = weight
+    if (total - total) != Float32(0.0):
+        infinite = warp_sum(Int32(weight == Float32.inf))
+        if infinite > 0:
+            result = cutlass.select_(weight == Float32.inf, Float32(1.0) / Float32(infinite), Float32(0.0))
+        else:
+            scaled = weight * Float32(1.0 / 256)
+            total = warp_sum(scaled)
+            if total > Float32(0.0):
+                result = scaled / total
+    elif total > Float32(0.0):
+        result = weight / total
     return result
 
 
@@ -259,7 +271,7 @@ class MoeRoute:
             key = Int64(KEY_NONE)
             if j < total:
                 key = cand_key[j]
-                for q in range(tid % lanes_per, total, lanes_per):
+                for q in cutlass.range(tid % lanes_per, total, lanes_per, unroll=8):  # independent loads
                     above += Int32(cand_key[q] > key)
             for s in cutlass.range_constexpr(5):
                 other = cute.arch.shuffle_sync_bfly(above, offset=1 << s)
@@ -270,16 +282,13 @@ class MoeRoute:
                 picked[above] = cand_weight[j]
         cute.arch.sync_threads()
 
-        # 5. Weights: renormalize over the selected (the fp64 sum, best first), scale, store.
+        # 5. Weights: renormalize over the selected (a sum that is not > 0 divides by 1), scale, store.
         if warp == 0:
             weight = Float32(0.0)
             if lane < self.topk:
                 weight = picked[lane]
             if cutlass.const_expr(self.renormalize):
-                weight_sum = Float64(0.0)
-                for q in cutlass.range_constexpr(self.topk):  # every lane sums the same terms in the same order
-                    weight_sum = weight_sum + Float64(picked[q])
-                weight = renormalized(weight, weight_sum)
+                weight = renormalized(weight)
             if lane < self.topk:
                 weights[token, lane] = (weight * scale).to(weights.element_type)
 

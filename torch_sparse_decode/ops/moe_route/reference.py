@@ -59,18 +59,27 @@ def kept_experts(key: torch.Tensor, num_expert_group: int, topk_group: int) -> t
     return kept.repeat_interleave(num_experts // num_expert_group, dim=1)
 
 
-def renormalized(picked: torch.Tensor) -> torch.Tensor:
-    """Each row of selected weights divided by its sum: a sum that is not > 0 divides by 1.
+def warp_sum(x: torch.Tensor) -> torch.Tensor:
+    """[T, n <= 32] -> [T, 1]: the row summed as a warp's butterfly adds it (lanes past n hold 0):
+    adjacent pairs, then pairs of pairs. A fixed order, so every device gets the same bits."""
+    x = torch.nn.functional.pad(x, (0, 32 - x.shape[1]))
+    while x.shape[1] > 1:
+        x = x[:, 0::2] + x[:, 1::2]
+    return x
 
-    The sum is taken in float64, best expert first (a fixed order, so every device gets the same
-    bits), and the division in float64 too: no finite fp32 scores overflow it (32 of them at fp32's
-    largest sum to 1.1e40). Where a row holds +inf scores, those share the weight evenly and the
-    others get 0 (inf / inf would be NaN)."""
+
+def renormalized(picked: torch.Tensor) -> torch.Tensor:
+    """Each row of selected weights divided by its fp32 sum (``warp_sum``): a sum that is not > 0
+    divides by 1. A sum that overflowed (finite weights only) is taken again on the weights scaled
+    by 2**-8, exact for weights that large, so no finite scores overflow it (32 of fp32's largest
+    sum to 1.1e40). Where a row holds +inf scores, those share the weight evenly and the others get
+    0 (inf / inf would be NaN)."""
+    total = warp_sum(picked)
     infinite = picked == float("inf")
     count = infinite.sum(dim=1, keepdim=True)
-    total = torch.zeros(picked.shape[0], 1, dtype=torch.float64, device=picked.device)
-    for j in range(picked.shape[1]):
-        total = total + picked[:, j:j + 1].double()
-    finite = (picked.double() / torch.where(total > 0, total, 1.0)).float()
+    scaled = picked * (1.0 / 256)
+    rescaled = warp_sum(scaled)
+    plain = torch.where(total > 0, picked / total, picked)
+    overflowed = torch.where(rescaled > 0, scaled / rescaled, picked)
     shared = torch.where(infinite, 1.0 / count.clamp(min=1).float(), 0.0)
-    return torch.where(count > 0, shared, finite)
+    return torch.where(torch.isfinite(total), plain, torch.where(count > 0, shared, overflowed))
