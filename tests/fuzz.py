@@ -45,7 +45,8 @@ ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one 
 ALWAYS_BLOCKS = (1, 8, 16, 64, 256)
 # (experts, topk, num_expert_group, topk_group)
 ALWAYS_MOE = ((896, 16, 1, 1), (256, 8, 1, 1), (384, 8, 1, 1), (1024, 16, 1, 1), (17, 16, 1, 1), (1, 1, 1, 1),
-              (256, 8, 8, 4), (160, 6, 8, 3), (512, 22, 1, 1), (1024, 32, 1, 1), (1024, 32, 32, 8))
+              (256, 8, 8, 4), (160, 6, 8, 3), (512, 22, 1, 1), (1024, 32, 1, 1), (1024, 32, 32, 8), (64, 4, 32, 2),
+              (512, 20, 32, 2))
 ALWAYS_DCP = ((2, 2048), (2, 512), (4, 2048), (8, 1024), (16, 4096), (3, 100))
 DEVICE = "cuda"  # the script's --device cpu dry-runs the generators (reference against itself)
 

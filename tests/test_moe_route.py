@@ -296,3 +296,23 @@ def test_grouped_arguments_are_checked():
         tsd.moe_route(s, b, 4, num_expert_group=8.0, topk_group=2)
     with pytest.raises(TypeError, match="weights must have dtype float32"):
         tsd.moe_route(s, b, 4, out=(torch.empty(2, 4, dtype=torch.bfloat16), torch.empty(2, 4, dtype=torch.int32)))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("experts,topk,groups", [(64, 4, 32), (512, 20, 32), (1024, 32, 32)])
+def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups):
+    """The kept groups' experts share fewer threshold groups (lanes, or threads for topk > 16)
+    than topk: the topk-th largest maximum is then no real key, and the threshold must admit every
+    key. Negative scores, so a threshold read from uninitialized shared memory (0, say) would drop
+    them. (The kernel once left the threshold unwritten there.)"""
+    size = experts // groups
+    s = torch.full((5, experts), -1.0)
+    first, second = 0, 16  # groups 16 apart: the same lanes (and, at 16 experts a group, the same threads)
+    s[:, first * size:(first + 1) * size] = -0.5
+    s[:, second * size:(second + 1) * size] = -0.25
+    s[1] = s[1] - torch.arange(experts) * 1e-3  # no ties
+    s[2, first * size:(first + 1) * size] = float("-inf")  # group 0 drops out: group 1 is kept instead
+    check(s, torch.zeros(experts), topk, device, num_expert_group=groups, topk_group=2)
+    _, ids = route(s, torch.zeros(experts), topk, device, num_expert_group=groups, topk_group=2)
+    rows = [0, 1, 3, 4]
+    assert (((ids[rows] // size) == first) | ((ids[rows] // size) == second)).all()
