@@ -12,8 +12,9 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
    fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
    group) and every expert outside the ``topk_group`` best groups drops below every real key.
 3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
-   lane-group maxima (for topk > 16: of the 256 threads' maxima), t0, has at least ``topk`` keys
-   >= it, so every selected key is >= t0.
+   lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0. (At
+   topk near 32 that t0 is loose and the candidate list long: 1024 / 32 takes 5-10 us. A
+   threshold over the 256 threads' maxima, counted by every thread, cut the list but cost 4 us.)
 4. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
    is the number of candidates above it. Ranks < topk give the output slot directly: ids come out
    in key order with no sort.
@@ -227,28 +228,20 @@ class MoeRoute:
         group_max[warp, lane] = mine
         cute.arch.sync_threads()
 
-        # 3. t0: the topk-th largest of the lane-group maxima, or for topk > 16 (where 32 lane groups
-        # leave a loose t0 and a long candidate list) of the 256 threads' maxima. Real keys are
-        # unique, so exactly one maximum is the topk-th; where fewer than topk maxima are real
-        # (experts outside the kept groups are KEY_NONE), t0 stays KEY_NONE.
-        if cutlass.const_expr(self.topk > 16):
-            greater = Int32(0)
-            for q in cutlass.range(0, THREADS, 1, unroll=8):  # broadcast reads
-                greater += Int32(group_max[q // 32, q % 32] > mine)
-            if (greater == self.topk - 1) & (mine != Int64(KEY_NONE)):
-                threshold[0] = mine
-        else:
-            if warp == 0:
-                best = group_max[0, lane]
-                for w in cutlass.range_constexpr(1, WARPS):
-                    best = max(best, group_max[w, lane])
-                maxima[lane] = best
-                cute.arch.sync_warp()
-                above = Int32(0)
-                for q in cutlass.range_constexpr(32):
-                    above += Int32(maxima[q] > best)
-                if (above == self.topk - 1) & (best != Int64(KEY_NONE)):
-                    threshold[0] = best
+        # 3. t0: the topk-th largest lane-group maximum. Real keys are unique, so exactly one
+        # maximum is the topk-th; where fewer than topk maxima are real (experts outside the kept
+        # groups are KEY_NONE), t0 stays KEY_NONE.
+        if warp == 0:
+            best = group_max[0, lane]
+            for w in cutlass.range_constexpr(1, WARPS):
+                best = max(best, group_max[w, lane])
+            maxima[lane] = best
+            cute.arch.sync_warp()
+            above = Int32(0)
+            for q in cutlass.range_constexpr(32):
+                above += Int32(maxima[q] > best)
+            if (above == self.topk - 1) & (best != Int64(KEY_NONE)):
+                threshold[0] = best
         cute.arch.sync_threads()
 
         # 4. Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
