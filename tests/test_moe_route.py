@@ -1,3 +1,6 @@
+import os
+import sys
+
 import pytest
 import torch
 
@@ -5,6 +8,9 @@ import oracle
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
 from torch_sparse_decode.ops.moe_route import reference
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
+import bench_moe_route  # noqa: E402  (the benchmark's baseline: DeepSeek-V3's own routing code)
 
 SHAPES = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
@@ -173,19 +179,6 @@ def test_grouped_routing_of_every_kind(device, experts, topk, groups, kept, kind
     check(s, torch.zeros(experts), topk, device, num_expert_group=groups, topk_group=kept, renormalize=False)
 
 
-def _deepseek_v3_routing(s, bias, topk, groups, kept, scale):
-    """DeepSeek-V3's own routing in stock torch ops (the group mask is -inf): the baseline."""
-    tokens, experts = s.shape
-    keyed = s + bias
-    group_scores = keyed.view(tokens, groups, -1).topk(2, dim=-1).values.sum(dim=-1)
-    group_idx = torch.topk(group_scores, kept, dim=-1, sorted=False).indices
-    mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1).bool()
-    mask = mask.unsqueeze(-1).expand(tokens, groups, experts // groups).reshape(tokens, experts)
-    ids = torch.topk(keyed.masked_fill(~mask, float("-inf")), topk, dim=-1).indices
-    weights = s.gather(1, ids)
-    return weights / weights.sum(dim=-1, keepdim=True) * scale, ids
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(device):
     """Random scores (no ties, no NaN): the same experts as DeepSeek-V3's own code, 256 experts in
@@ -193,9 +186,9 @@ def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(device):
     gen = torch.Generator().manual_seed(21)
     s = torch.sigmoid(torch.randn(64, 256, generator=gen))
     b = torch.randn(256, generator=gen) * 0.1
-    weights, ids = route(s, b, 8, device, num_expert_group=8, topk_group=4, scale=2.5)
-    want_w, want_ids = _deepseek_v3_routing(s, b, 8, 8, 4, 2.5)
-    assert torch.equal(ids.long(), want_ids)
+    weights, ids = route(s, b, 8, device, num_expert_group=8, topk_group=4, scale=bench_moe_route.SCALE)
+    want_w, want_ids = bench_moe_route.deepseek_v3_route(s, b, 8, 8, 4)
+    assert torch.equal(ids, want_ids)
     torch.testing.assert_close(weights, want_w, rtol=1e-6, atol=0)
 
 

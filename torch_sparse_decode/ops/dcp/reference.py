@@ -92,10 +92,10 @@ def dcp_pack(
 ) -> None:
     """The rank's packed B' row of its best N candidates, and its local top-K (rescue row)."""
     n = packed_row_slots(packed.shape[1])
-    rescue_slots = packed_row_slots(rescue.shape[1])
+    deep_slots = packed_row_slots(rescue.shape[1])  # the rescue row: the local top-K
     ord16, local, live = _local_topk(scores, lengths, topk)
     packed.copy_(_encode_b_prime(ord16[:, :n], local[:, :n], live[:, :n], n))
-    rescue.copy_(_encode_b_prime(ord16, local, live, rescue_slots))
+    rescue.copy_(_encode_b_prime(ord16, local, live, deep_slots))
 
 
 def _emit(keys, topk, world_size, rank, global_ids, local_ids, local_count) -> None:
