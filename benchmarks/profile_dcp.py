@@ -11,7 +11,7 @@ Differences give the parts: pack = local part - select; exchange (push, the wait
 one more launch) = no merge - local part; merge = full step - no merge.
 
 With ``--merge`` (one GPU): the CuTe merge kernel's phases (a profiled build stamps thread 0's
-clock at the end of each, kernels/dcp_merge.py PHASES), simulated W ranks, median over rows and
+clock at the end of each, ops/dcp/merge.py PHASES), simulated W ranks, median over rows and
 calls, beside the time per call of the shipped build.
 
     python benchmarks/profile_dcp.py [--quick] [--merge] [--results FILE]

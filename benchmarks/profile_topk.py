@@ -1,5 +1,5 @@
 """Where the top-k engine's cycles go: a build with phase marks (``RadixTopk(profile=True)``,
-``kernels/topk.py`` PHASES) stamps the SM clock at the end of each phase; this prints, per shape,
+``kernels/topk_engine.py`` PHASES) stamps the SM clock at the end of each phase; this prints, per shape,
 the median over rows and CTAs of each phase's cycles. Phases a shape does not take read 0. ncu
 has no counters on our machines; this is the profiler.
 

@@ -31,7 +31,7 @@ One CTA of 1024 threads per row, everything between the rows and the outputs in 
 
 Why CuTe DSL: the merge is a chain of CTA-wide steps on a few thousand keys (latency, not
 bandwidth); shared-memory atomics, warp votes and one-warp scans make each step a barrier or two,
-where the Triton merge (``kernels/dcp_merge_triton.py``, which the CPU interpreter runs in CI) needs block-wide
+where the Triton merge (``ops/dcp/merge_triton.py``, which the CPU interpreter runs in CI) needs block-wide
 reductions. Both take the same arguments and give bit-identical results.
 """
 

@@ -1,5 +1,5 @@
 """The Triton twin of the DCP one-round merge (``_dcp_merge``): the same arguments and results as
-the CuTe merge that ships (``kernels/dcp_merge.py``), run by the CPU interpreter in CI (the merge
+the CuTe merge that ships (``ops/dcp/merge.py``), run by the CPU interpreter in CI (the merge
 and the whole exchange step over simulated ranks, bit for bit against the reference) and timed
 beside it by bench_dcp.py.
 

@@ -10,7 +10,7 @@ from .config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots, worksp
 from .merge_triton import MERGE_WARPS, NO_WAIT, _bitmap_words, _dcp_merge
 from .pack import _pack_rows
 
-# The merge on CUDA tensors: "cute" (kernels/dcp_merge.py, shipped) or "triton" (``_dcp_merge``,
+# The merge on CUDA tensors: "cute" (ops/dcp/merge.py, shipped) or "triton" (``_dcp_merge``,
 # which the CPU interpreter runs in CI); bench_dcp.py times both.
 MERGE_KERNEL = "cute"
 
