@@ -6,7 +6,8 @@ cache keeps each compiled kernel as an object file, so a new process on the same
 milliseconds what an earlier one compiled (``warmup()`` then costs seconds, not minutes). Its
 folder is ``$TORCH_SPARSE_DECODE_CACHE`` (default ``~/.cache/torch_sparse_decode``; set it to
 ``0`` to turn the disk cache off). An entry is keyed by the package's source, the CuTe DSL
-version, the target GPU and the configuration, so an edited kernel never loads a stale build.
+version (and torch's and TVM-FFI's), the target GPU and the configuration, so an edited kernel or
+an upgraded toolkit never loads a stale build.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ def _target() -> str:
 
 
 def _source_hash() -> str:
-    digest = hashlib.sha256(cutlass.__version__.encode() if hasattr(cutlass, "__version__") else b"")
+    versions = [getattr(cutlass, "__version__", ""), torch.__version__]
+    try:
+        import tvm_ffi  # the compiled kernels' calling convention
+
+        versions.append(getattr(tvm_ffi, "__version__", ""))
+    except ImportError:
+        pass
+    digest = hashlib.sha256(repr(versions).encode())
     for path in sorted(_PACKAGE.rglob("*.py")):
         digest.update(path.relative_to(_PACKAGE).as_posix().encode())
         digest.update(path.read_bytes())
