@@ -20,14 +20,14 @@ def test_moe_route_compiles(experts, topk):
 
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 32), (64, 1, 32, 1),
                                                       (512, 22, 1, 1), (1024, 32, 1, 1), (8, 2, 8, 2)])
-@pytest.mark.parametrize("source", ["torch.float32", "torch.bfloat16", "torch.float16"])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16])
 def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, kept, source):
     """Grouped routing, topk up to 32 of up to 1024 experts, groups of one, and bf16 / fp16 scores
     with weights and bias in the scores' dtype or fp32."""
-    assert moe_route.compiled(experts, topk, True, source != "torch.float32", groups, kept, source, "torch.float32",
+    assert moe_route.compiled(experts, topk, True, source != torch.float32, groups, kept, source, torch.float32,
                               source) is not None
-    if source != "torch.float32":
-        assert moe_route.compiled(experts, topk, False, False, groups, kept, source, source, "torch.float32") is not None
+    if source != torch.float32:
+        assert moe_route.compiled(experts, topk, False, False, groups, kept, source, source, torch.float32) is not None
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])

@@ -11,21 +11,25 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
    reduces groups w, w + 8, ... to their two best keys (a butterfly over the lanes) and their
    fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
    group) and every expert outside the ``topk_group`` best groups drops below every real key.
-3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
-   lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0. (At
-   topk near 32 that t0 is loose and the candidate list long: 1024 / 32 takes 5-10 us. A
-   threshold over the 256 threads' maxima, counted by every thread, cut the list but cost 4 us.)
-4. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
-   is the number of candidates above it. Ranks < topk give the output slot directly: ids come out
-   in key order with no sort.
+3. topk <= 16, by rank. Expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of
+   the 32 lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0.
+   Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank is
+   the number of candidates above it. Ranks < topk give the output slot directly: ids come out in
+   key order with no sort.
+4. topk > 16, by sorting networks. There t0 is loose (the 32nd of 32 maxima) and the candidate
+   list long: ranking took 5-10 us at 1024 / 32. Instead each warp sorts its 32-key columns
+   (bitonic, across the lanes) and halves pairs of sorted columns into their best 32
+   (``max(a[i], b[31 - i])`` is bitonic, one merge sorts it); warp 0 halves the 8 warps' columns
+   the same way. A fixed cost, whatever the scores, and lane i ends with the i-th best key.
 5. Warp 0 renormalizes the selected unbiased scores (a butterfly sum over the lanes, the
    reference's order too, so the weights are bit-identical to it) and scales them.
 
 Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
 crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
 64-bit keys make such rows as cheap as random ones (exactly ``topk`` candidates). Random router
-scores give ~20-40 candidates, ranked by up to 32 threads each; an adversarial row can give up
-to the whole row, which is still exact, only slower (ranking is quadratic in the candidate count).
+scores give ~20-40 candidates at topk <= 16, ranked by up to 32 threads each; an adversarial row
+can give up to the whole row, which is still exact, only slower (ranking is quadratic in the
+candidate count).
 
 The sigmoid is ``1 / (1 + exp(-x))`` with the accurate ``expf`` and an IEEE division, the formula
 torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the same device.
@@ -50,6 +54,7 @@ WARPS = THREADS // 32
 
 KEY_NONE = -(1 << 63)  # below every real key
 DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16}
+SORT_ABOVE_TOPK = 16  # larger topk select by sorting networks (step 4), smaller ones by rank
 
 
 @cute.jit
@@ -104,6 +109,37 @@ def renormalized(weight: Float32) -> Float32:
     elif total > Float32(0.0):
         result = weight / total
     return result
+
+
+@cute.jit
+def sorted_down(key: Int64, lane: Int32) -> Int64:
+    """Bitonic sort of one key per lane, descending: lane i ends with the i-th largest."""
+    for stage in cutlass.range_constexpr(1, 6):
+        for step in cutlass.range_constexpr(stage - 1, -1, -1):
+            other = cute.arch.shuffle_sync_bfly(key, offset=1 << step)
+            keep_max = ((lane >> step) & 1) == ((lane >> stage) & 1)  # stage 5: every run descends
+            key = cutlass.select_(keep_max, max(key, other), min(key, other))
+    return key
+
+
+@cute.jit
+def best_of_two(a: Int64, b: Int64, lane: Int32) -> Int64:
+    """The 32 best of two descending columns, descending: a[i] against b[31 - i] keeps the best 32
+    as a bitonic column, and one bitonic merge sorts it."""
+    key = max(a, cute.arch.shuffle_sync_bfly(b, offset=31))
+    for step in cutlass.range_constexpr(4, -1, -1):
+        other = cute.arch.shuffle_sync_bfly(key, offset=1 << step)
+        key = cutlass.select_(((lane >> step) & 1) == 0, max(key, other), min(key, other))
+    return key
+
+
+def best_of(columns: list, lane: Int32) -> Int64:
+    """The 32 best keys of several descending columns, descending (pairwise halving, a tree;
+    plain Python: it only arranges the merges at trace time)."""
+    while len(columns) > 1:
+        halved = [best_of_two(columns[c], columns[c + 1], lane) for c in range(0, len(columns) - 1, 2)]
+        columns = halved + columns[len(columns) - len(columns) % 2:]
+    return columns[0]
 
 
 class MoeRoute:
@@ -175,60 +211,21 @@ class MoeRoute:
                 if kept[expert // self.group_size] == 0:
                     keys[i] = Int64(KEY_NONE)
 
-    @cute.kernel
-    def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
-               ids: cute.Tensor):
-        tid, _, _ = cute.arch.thread_idx()
-        token, _, _ = cute.arch.block_idx()
+    @cute.jit
+    def select_ranked(self, keys: cute.Tensor, score_of: cute.Tensor, group_max: cute.Tensor, maxima: cute.Tensor,
+                      threshold: cute.Tensor, warp_count: cute.Tensor, cand_key: cute.Tensor,
+                      cand_weight: cute.Tensor, picked: cute.Tensor, ids: cute.Tensor, token: Int32, tid: Int32):
+        """Step 3: ids in key order by each candidate's rank; their unbiased scores to ``picked``."""
         warp, lane = tid // 32, tid % 32
-
-        smem = cutlass.memory.SmemAllocator()
-        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 32), stride=(32, 1)), 16)
-        maxima = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
-        threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
-        warp_count = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
-        cand_key = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS), 16)
-        cand_weight = smem.allocate_tensor(Float32, cute.make_layout(MAX_EXPERTS), 16)
-        picked = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
-
         if tid == 0:  # t0 where fewer than topk maxima are real (grouped routing): every key
             threshold[0] = Int64(KEY_NONE)
-
-        # 1. Keys and unbiased weights of this thread's experts.
-        keys = cute.make_rmem_tensor(self.per_thread, Int64)
-        score_of = cute.make_rmem_tensor(self.per_thread, Float32)
-        value = cand_weight  # grouped routing: every expert's canonical key, until step 4 reuses it
-        for i in cutlass.range_constexpr(self.per_thread):
-            expert = tid + THREADS * i
-            keys[i] = Int64(KEY_NONE)
-            score_of[i] = Float32(0.0)
-            if expert < self.experts:
-                score = scores[token, expert].to(Float32)
-                if cutlass.const_expr(self.apply_sigmoid):
-                    score = Float32(1.0) / (Float32(1.0) + cute.math.exp(-score, fastmath=False))
-                key = score + bias[expert].to(Float32)
-                if (score != score) | (key != key):
-                    score = Float32(0.0)
-                    key = -Float32.inf
-                keys[i] = expert_key(key, expert)
-                score_of[i] = score
-                if cutlass.const_expr(self.groups > 1):
-                    value[expert] = canonical(key)
-
-        # 2. Grouped routing: only the experts of the best groups stay.
-        if cutlass.const_expr(self.groups > 1):
-            group_key = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
-            kept = smem.allocate_tensor(Int32, cute.make_layout(32), 16)
-            cute.arch.sync_threads()
-            self.keep_best_groups(keys, value, group_key, kept, tid)
-
         mine = Int64(KEY_NONE)
         for i in cutlass.range_constexpr(self.per_thread):
             mine = max(mine, keys[i])
         group_max[warp, lane] = mine
         cute.arch.sync_threads()
 
-        # 3. t0: the topk-th largest lane-group maximum. Real keys are unique, so exactly one
+        # t0: the topk-th largest lane-group maximum. Real keys are unique, so exactly one
         # maximum is the topk-th; where fewer than topk maxima are real (experts outside the kept
         # groups are KEY_NONE), t0 stays KEY_NONE.
         if warp == 0:
@@ -244,7 +241,7 @@ class MoeRoute:
                 threshold[0] = best
         cute.arch.sync_threads()
 
-        # 4. Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
+        # Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
         cutoff = threshold[0]
         below_me = (Uint32(1) << Uint32(lane)) - Uint32(1)
         count = Int32(0)
@@ -287,6 +284,74 @@ class MoeRoute:
             if (j < total) & (tid % lanes_per == 0) & (above < self.topk):
                 ids[token, above] = Int32(Int64(0xFFFFFFFF) - (key & Int64(0xFFFFFFFF)))
                 picked[above] = cand_weight[j]
+
+    @cute.jit
+    def select_sorted(self, keys: cute.Tensor, score_of: cute.Tensor, columns: cute.Tensor, score: cute.Tensor,
+                      picked: cute.Tensor, ids: cute.Tensor, token: Int32, tid: Int32):
+        """Step 4: ids in key order by sorting networks; their unbiased scores to ``picked``."""
+        warp, lane = tid // 32, tid % 32
+        for i in cutlass.range_constexpr(self.per_thread):
+            expert = tid + THREADS * i
+            if expert < self.experts:
+                score[expert] = score_of[i]
+        columns[warp, lane] = best_of([sorted_down(keys[i], lane) for i in range(self.per_thread)], lane)
+        cute.arch.sync_threads()
+        if warp == 0:
+            best = best_of([columns[w, lane] for w in range(WARPS)], lane)
+            if lane < self.topk:
+                expert = Int32(Int64(0xFFFFFFFF) - (best & Int64(0xFFFFFFFF)))
+                ids[token, lane] = expert
+                picked[lane] = score[expert]
+
+    @cute.kernel
+    def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
+               ids: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        token, _, _ = cute.arch.block_idx()
+        warp, lane = tid // 32, tid % 32
+
+        smem = cutlass.memory.SmemAllocator()
+        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 32), stride=(32, 1)), 16)
+        maxima = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
+        threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
+        warp_count = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        cand_key = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS), 16)
+        cand_weight = smem.allocate_tensor(Float32, cute.make_layout(MAX_EXPERTS), 16)
+        picked = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
+
+        # 1. Keys and unbiased weights of this thread's experts.
+        keys = cute.make_rmem_tensor(self.per_thread, Int64)
+        score_of = cute.make_rmem_tensor(self.per_thread, Float32)
+        value = cand_weight  # grouped routing: every expert's canonical key, until the selection reuses it
+        for i in cutlass.range_constexpr(self.per_thread):
+            expert = tid + THREADS * i
+            keys[i] = Int64(KEY_NONE)
+            score_of[i] = Float32(0.0)
+            if expert < self.experts:
+                score = scores[token, expert].to(Float32)
+                if cutlass.const_expr(self.apply_sigmoid):
+                    score = Float32(1.0) / (Float32(1.0) + cute.math.exp(-score, fastmath=False))
+                key = score + bias[expert].to(Float32)
+                if (score != score) | (key != key):
+                    score = Float32(0.0)
+                    key = -Float32.inf
+                keys[i] = expert_key(key, expert)
+                score_of[i] = score
+                if cutlass.const_expr(self.groups > 1):
+                    value[expert] = canonical(key)
+
+        # 2. Grouped routing: only the experts of the best groups stay.
+        if cutlass.const_expr(self.groups > 1):
+            group_key = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
+            kept = smem.allocate_tensor(Int32, cute.make_layout(32), 16)
+            cute.arch.sync_threads()
+            self.keep_best_groups(keys, value, group_key, kept, tid)
+
+        if cutlass.const_expr(self.topk > SORT_ABOVE_TOPK):
+            self.select_sorted(keys, score_of, group_max, cand_weight, picked, ids, token, tid)
+        else:
+            self.select_ranked(keys, score_of, group_max, maxima, threshold, warp_count, cand_key, cand_weight,
+                               picked, ids, token, tid)
         cute.arch.sync_threads()
 
         # 5. Weights: renormalize over the selected (a sum that is not > 0 divides by 1), scale, store.
@@ -302,14 +367,13 @@ class MoeRoute:
 
 @cached_kernel("moe_route")
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
-             source: str = "torch.float32", bias_dtype: str = "torch.float32", weights_dtype: str = "torch.float32"):
-    """The kernel at one static configuration, from fake tensors (no GPU needed). Dtypes are
-    named as ``str(torch.dtype)``."""
-    names = {str(d): t for d, t in DTYPES.items()}
+             source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
+             weights_dtype: torch.dtype = torch.float32):
+    """The kernel at one static configuration, from fake tensors (no GPU needed)."""
     tokens = cute.sym_int()
-    scores = fake_tensor(names[source], (tokens, experts), (experts, 1))
-    bias = fake_tensor(names[bias_dtype], (experts,), (1,))
-    weights = fake_tensor(names[weights_dtype], (tokens, topk), (topk, 1))
+    scores = fake_tensor(DTYPES[source], (tokens, experts), (experts, 1))
+    bias = fake_tensor(DTYPES[bias_dtype], (experts,), (1,))
+    weights = fake_tensor(DTYPES[weights_dtype], (tokens, topk), (topk, 1))
     ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
     kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group)
     return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
@@ -321,8 +385,8 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
     if scores.shape[0] == 0:
         return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
-    compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, str(scores.dtype), str(bias.dtype),
-             str(weights.dtype))(scores, bias, scale, weights, ids)
+    compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
+             weights.dtype)(scores, bias, scale, weights, ids)
 
 
 # Configurations compiled by warmup(): the DeepSeek-V3 (grouped), Kimi-K2 and seed shapes.
