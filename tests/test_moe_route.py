@@ -292,15 +292,17 @@ def test_grouped_arguments_are_checked():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("experts,topk,groups", [(64, 4, 32), (512, 20, 32), (1024, 32, 32)])
-def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups):
-    """The kept groups' experts share fewer threshold groups (lanes, or threads for topk > 16)
-    than topk: the topk-th largest maximum is then no real key, and the threshold must admit every
-    key. Negative scores, so a threshold read from uninitialized shared memory (0, say) would drop
-    them. (The kernel once left the threshold unwritten there.)"""
+@pytest.mark.parametrize("experts,topk,groups,second", [(64, 4, 32, 16), (512, 20, 32, 16), (1024, 32, 32, 16),
+                                                         (544, 20, 32, 15)])
+def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, second):
+    """The kept groups' experts share fewer threshold groups than topk (64 / 4: 2 lanes; 544 / 20:
+    18 of the lane halves that topk > 16 uses): the topk-th largest maximum is then no real key,
+    and the threshold must admit every key. Negative scores, so a threshold read from
+    uninitialized shared memory (0, say) would drop them. (The kernel once left the threshold
+    unwritten there.) The other shapes keep two groups on the same lanes."""
     size = experts // groups
     s = torch.full((5, experts), -1.0)
-    first, second = 0, 16  # groups 16 apart: the same lanes (and, at 16 experts a group, the same threads)
+    first = 0
     s[:, first * size:(first + 1) * size] = -0.5
     s[:, second * size:(second + 1) * size] = -0.25
     s[1] = s[1] - torch.arange(experts) * 1e-3  # no ties

@@ -11,25 +11,23 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
    reduces groups w, w + 8, ... to their two best keys (a butterfly over the lanes) and their
    fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
    group) and every expert outside the ``topk_group`` best groups drops below every real key.
-3. topk <= 16, by rank. Expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of
-   the 32 lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0.
-   Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank is
-   the number of candidates above it. Ranks < topk give the output slot directly: ids come out in
-   key order with no sort.
-4. topk > 16, by sorting networks. There t0 is loose (the 32nd of 32 maxima) and the candidate
-   list long: ranking took 5-10 us at 1024 / 32. Instead each warp sorts its 32-key columns
-   (bitonic, across the lanes) and halves pairs of sorted columns into their best 32
-   (``max(a[i], b[31 - i])`` is bitonic, one merge sorts it); warp 0 halves the 8 warps' columns
-   the same way. A fixed cost, whatever the scores, and lane i ends with the i-th best key.
+3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
+   lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0. At
+   topk > 16 that t0 is loose (at 1024 / 32 it is the least of the 32 maxima: ~120 candidates,
+   and ranking them took 5-10 us), so each lane's experts split into two groups there and t0 is
+   the topk-th of 64 maxima (~40 candidates). Each maximum is ranked by 8 (or 4) threads at once.
+4. Candidates (keys >= t0) are compacted into shared memory with ballots; each candidate's rank
+   is the number of candidates above it. Ranks < topk give the output slot directly: ids come out
+   in key order with no sort. (Bitonic sorting networks instead, a fixed cost, measured 4.1 us at
+   1024 / 32 against 2.7-2.9 us for this.)
 5. Warp 0 renormalizes the selected unbiased scores (a butterfly sum over the lanes, the
    reference's order too, so the weights are bit-identical to it) and scales them.
 
 Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
 crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
 64-bit keys make such rows as cheap as random ones (exactly ``topk`` candidates). Random router
-scores give ~20-40 candidates at topk <= 16, ranked by up to 32 threads each; an adversarial row
-can give up to the whole row, which is still exact, only slower (ranking is quadratic in the
-candidate count).
+scores give ~20-40 candidates, ranked by up to 32 threads each; an adversarial row can give up
+to the whole row, which is still exact, only slower (ranking is quadratic in the candidate count).
 
 The sigmoid is ``1 / (1 + exp(-x))`` with the accurate ``expf`` and an IEEE division, the formula
 torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the same device.
@@ -54,7 +52,7 @@ WARPS = THREADS // 32
 
 KEY_NONE = -(1 << 63)  # below every real key
 DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16}
-SORT_ABOVE_TOPK = 16  # larger topk select by sorting networks (step 4), smaller ones by rank
+SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshold groups
 
 
 @cute.jit
@@ -111,37 +109,6 @@ def renormalized(weight: Float32) -> Float32:
     return result
 
 
-@cute.jit
-def sorted_down(key: Int64, lane: Int32) -> Int64:
-    """Bitonic sort of one key per lane, descending: lane i ends with the i-th largest."""
-    for stage in cutlass.range_constexpr(1, 6):
-        for step in cutlass.range_constexpr(stage - 1, -1, -1):
-            other = cute.arch.shuffle_sync_bfly(key, offset=1 << step)
-            keep_max = ((lane >> step) & 1) == ((lane >> stage) & 1)  # stage 5: every run descends
-            key = cutlass.select_(keep_max, max(key, other), min(key, other))
-    return key
-
-
-@cute.jit
-def best_of_two(a: Int64, b: Int64, lane: Int32) -> Int64:
-    """The 32 best of two descending columns, descending: a[i] against b[31 - i] keeps the best 32
-    as a bitonic column, and one bitonic merge sorts it."""
-    key = max(a, cute.arch.shuffle_sync_bfly(b, offset=31))
-    for step in cutlass.range_constexpr(4, -1, -1):
-        other = cute.arch.shuffle_sync_bfly(key, offset=1 << step)
-        key = cutlass.select_(((lane >> step) & 1) == 0, max(key, other), min(key, other))
-    return key
-
-
-def best_of(columns: list, lane: Int32) -> Int64:
-    """The 32 best keys of several descending columns, descending (pairwise halving, a tree;
-    plain Python: it only arranges the merges at trace time)."""
-    while len(columns) > 1:
-        halved = [best_of_two(columns[c], columns[c + 1], lane) for c in range(0, len(columns) - 1, 2)]
-        columns = halved + columns[len(columns) - len(columns) % 2:]
-    return columns[0]
-
-
 class MoeRoute:
     """Routing for one static configuration: E, topk, renormalize, apply_sigmoid, the expert
     groups (count, kept) and the dtypes of scores, bias and weights."""
@@ -153,6 +120,8 @@ class MoeRoute:
         self.groups, self.topk_group = groups, topk_group
         self.group_size = experts // groups
         self.per_thread = -(-experts // THREADS)
+        # Threshold groups per lane (step 3).
+        self.parts = 2 if topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
 
     @cute.jit
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -212,33 +181,42 @@ class MoeRoute:
                     keys[i] = Int64(KEY_NONE)
 
     @cute.jit
-    def select_ranked(self, keys: cute.Tensor, score_of: cute.Tensor, group_max: cute.Tensor, maxima: cute.Tensor,
-                      threshold: cute.Tensor, warp_count: cute.Tensor, cand_key: cute.Tensor,
-                      cand_weight: cute.Tensor, picked: cute.Tensor, ids: cute.Tensor, token: Int32, tid: Int32):
-        """Step 3: ids in key order by each candidate's rank; their unbiased scores to ``picked``."""
+    def select(self, keys: cute.Tensor, score_of: cute.Tensor, group_max: cute.Tensor, maxima: cute.Tensor,
+               threshold: cute.Tensor, warp_count: cute.Tensor, cand_key: cute.Tensor, cand_weight: cute.Tensor,
+               picked: cute.Tensor, ids: cute.Tensor, token: Int32, tid: Int32):
+        """Steps 3-4: ids in key order by each candidate's rank; their unbiased scores to ``picked``."""
         warp, lane = tid // 32, tid % 32
         if tid == 0:  # t0 where fewer than topk maxima are real (grouped routing): every key
             threshold[0] = Int64(KEY_NONE)
-        mine = Int64(KEY_NONE)
+        parts = self.parts
+        mine = cute.make_rmem_tensor(parts, Int64)
+        for p in cutlass.range_constexpr(parts):
+            mine[p] = Int64(KEY_NONE)
         for i in cutlass.range_constexpr(self.per_thread):
-            mine = max(mine, keys[i])
-        group_max[warp, lane] = mine
+            mine[i * parts // self.per_thread] = max(mine[i * parts // self.per_thread], keys[i])
+        for p in cutlass.range_constexpr(parts):
+            group_max[warp, p * 32 + lane] = mine[p]
         cute.arch.sync_threads()
 
-        # t0: the topk-th largest lane-group maximum. Real keys are unique, so exactly one
+        # t0: the topk-th largest threshold-group maximum. Real keys are unique, so exactly one
         # maximum is the topk-th; where fewer than topk maxima are real (experts outside the kept
-        # groups are KEY_NONE), t0 stays KEY_NONE.
-        if warp == 0:
-            best = group_max[0, lane]
+        # groups are KEY_NONE), t0 stays KEY_NONE. ``share`` threads rank each maximum together.
+        groups = parts * 32
+        share = THREADS // groups
+        if tid < groups:
+            best = group_max[0, tid]
             for w in cutlass.range_constexpr(1, WARPS):
-                best = max(best, group_max[w, lane])
-            maxima[lane] = best
-            cute.arch.sync_warp()
-            above = Int32(0)
-            for q in cutlass.range_constexpr(32):
-                above += Int32(maxima[q] > best)
-            if (above == self.topk - 1) & (best != Int64(KEY_NONE)):
-                threshold[0] = best
+                best = max(best, group_max[w, tid])
+            maxima[tid] = best
+        cute.arch.sync_threads()
+        mine_max = maxima[tid // share]
+        above = Int32(0)
+        for q in cutlass.range_constexpr(groups // share):
+            above += Int32(maxima[q * share + tid % share] > mine_max)
+        for s in cutlass.range_constexpr(share.bit_length() - 1):
+            above += cute.arch.shuffle_sync_bfly(above, offset=1 << s)
+        if (tid % share == 0) & (above == self.topk - 1) & (mine_max != Int64(KEY_NONE)):
+            threshold[0] = mine_max
         cute.arch.sync_threads()
 
         # Compact the candidates (keys >= t0): ballots within a warp, warp counts across.
@@ -285,24 +263,6 @@ class MoeRoute:
                 ids[token, above] = Int32(Int64(0xFFFFFFFF) - (key & Int64(0xFFFFFFFF)))
                 picked[above] = cand_weight[j]
 
-    @cute.jit
-    def select_sorted(self, keys: cute.Tensor, score_of: cute.Tensor, columns: cute.Tensor, score: cute.Tensor,
-                      picked: cute.Tensor, ids: cute.Tensor, token: Int32, tid: Int32):
-        """Step 4: ids in key order by sorting networks; their unbiased scores to ``picked``."""
-        warp, lane = tid // 32, tid % 32
-        for i in cutlass.range_constexpr(self.per_thread):
-            expert = tid + THREADS * i
-            if expert < self.experts:
-                score[expert] = score_of[i]
-        columns[warp, lane] = best_of([sorted_down(keys[i], lane) for i in range(self.per_thread)], lane)
-        cute.arch.sync_threads()
-        if warp == 0:
-            best = best_of([columns[w, lane] for w in range(WARPS)], lane)
-            if lane < self.topk:
-                expert = Int32(Int64(0xFFFFFFFF) - (best & Int64(0xFFFFFFFF)))
-                ids[token, lane] = expert
-                picked[lane] = score[expert]
-
     @cute.kernel
     def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
                ids: cute.Tensor):
@@ -311,8 +271,8 @@ class MoeRoute:
         warp, lane = tid // 32, tid % 32
 
         smem = cutlass.memory.SmemAllocator()
-        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 32), stride=(32, 1)), 16)
-        maxima = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
+        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 64), stride=(64, 1)), 16)
+        maxima = smem.allocate_tensor(Int64, cute.make_layout(64), 16)
         threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
         warp_count = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         cand_key = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS), 16)
@@ -347,11 +307,8 @@ class MoeRoute:
             cute.arch.sync_threads()
             self.keep_best_groups(keys, value, group_key, kept, tid)
 
-        if cutlass.const_expr(self.topk > SORT_ABOVE_TOPK):
-            self.select_sorted(keys, score_of, group_max, cand_weight, picked, ids, token, tid)
-        else:
-            self.select_ranked(keys, score_of, group_max, maxima, threshold, warp_count, cand_key, cand_weight,
-                               picked, ids, token, tid)
+        self.select(keys, score_of, group_max, maxima, threshold, warp_count, cand_key, cand_weight, picked, ids,
+                    token, tid)
         cute.arch.sync_threads()
 
         # 5. Weights: renormalize over the selected (a sum that is not > 0 divides by 1), scale, store.
