@@ -103,7 +103,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
         expect(f"dcp step W={world} other rows: error word", torch.tensor(group[0].take_error()),
                torch.tensor(sum(1 << (16 + r) for r in range(1, world))))
     moe_shapes = ((896, 16, 1, 1), (256, 8, 1, 1), (1024, 16, 1, 1), (7, 3, 1, 1), (256, 8, 8, 4), (1024, 32, 32, 8),
-                  (64, 32, 32, 32), (512, 22, 1, 1))
+                  (64, 32, 32, 32), (512, 22, 1, 1), (1024, 32, 1, 1), (544, 20, 32, 2))
     for experts, topk, groups, kept in moe_shapes if "moe" in sections else ():
         for renormalize in (True, False):
             for sigmoid in (True, False):
