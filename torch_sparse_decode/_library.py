@@ -191,11 +191,11 @@ def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.T
                 raise ValueError(f"{a} must not overlap {b} in memory")
 
 
-_INT32 = (torch.int32,)
+INT32 = (torch.int32,)
 
 
 def check_lengths(lengths: object, name: str, rows: int) -> torch.Tensor:
-    check_tensor(lengths, name, dtypes=_INT32, ndim=1)
+    check_tensor(lengths, name, dtypes=INT32, ndim=1)
     check_shape(lengths, name, (rows,))
     return lengths
 
@@ -214,7 +214,7 @@ def check_topk_rows(scores, scores_name, dtypes, lengths, k, out) -> None:
         raise ValueError(f"{scores_name} may have at most {TOPK_MAX_WIDTH} columns, got {width}")
     check_rows(rows, scores_name)
     check_lengths(lengths, "lengths", rows)
-    check_tensor(out, "out", dtypes=_INT32, ndim=2)
+    check_tensor(out, "out", dtypes=INT32, ndim=2)
     if out.shape[0] != rows:
         raise ValueError(f"out must have {rows} rows (one per {scores_name} row), got {out.shape[0]}")
     if out.shape[1] != k:

@@ -53,6 +53,7 @@ def _target() -> str:
     return "no-gpu"
 
 
+@functools.cache
 def _source_hash() -> str:
     versions = [getattr(cutlass, "__version__", ""), torch.__version__]
     try:
@@ -68,16 +69,11 @@ def _source_hash() -> str:
     return digest.hexdigest()
 
 
-_SOURCE: list[str] = []
-
-
 def _entry(name: str, config: tuple) -> tuple[Path, str] | None:
     folder = cache_dir()
     if folder is None:
         return None
-    if not _SOURCE:
-        _SOURCE.append(_source_hash())
-    key = hashlib.sha256(repr((_SOURCE[0], _target(), name, config)).encode()).hexdigest()[:24]
+    key = hashlib.sha256(repr((_source_hash(), _target(), name, config)).encode()).hexdigest()[:24]
     symbol = f"tsd_{name}_{key}"
     return folder / f"{symbol}.o", symbol
 

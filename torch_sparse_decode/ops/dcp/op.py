@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..._library import (
+    INT32,
     check_int,
     check_lengths,
     check_no_overlap,
@@ -28,7 +29,6 @@ from .config import (
 )
 
 _SCORES = (torch.float32, torch.bfloat16)
-_INT32 = (torch.int32,)
 
 
 def _kernel():
@@ -62,9 +62,9 @@ def check_dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> N
     _check_dcp_scores(scores, lengths, world_size, rank, topk, 1 << LOCAL_INDEX_BITS)
     rows = scores.shape[0]
     local_topk = _one_round_local_topk(topk, world_size)
-    check_tensor(packed, "packed", dtypes=_INT32, ndim=2)
+    check_tensor(packed, "packed", dtypes=INT32, ndim=2)
     check_shape(packed, "packed", (rows, packed_row_words(local_topk)))
-    check_tensor(rescue, "rescue", dtypes=_INT32, ndim=2)
+    check_tensor(rescue, "rescue", dtypes=INT32, ndim=2)
     check_shape(rescue, "rescue", (rows, packed_row_words(rescue_row_slots(topk))))
     check_same_device(scores, "scores", lengths=lengths, packed=packed, rescue=rescue)
     check_no_overlap({"packed": packed, "rescue": rescue}, {"scores": scores, "lengths": lengths})
@@ -75,11 +75,11 @@ define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack, cuda=_kernel)(refere
 
 def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_ids, local_count, **inputs):
     check_rows(rows, name)
-    check_tensor(global_ids, "global_ids", dtypes=_INT32, ndim=2)
+    check_tensor(global_ids, "global_ids", dtypes=INT32, ndim=2)
     check_shape(global_ids, "global_ids", (rows, topk))
-    check_tensor(local_ids, "local_ids", dtypes=_INT32, ndim=2)
+    check_tensor(local_ids, "local_ids", dtypes=INT32, ndim=2)
     check_shape(local_ids, "local_ids", (rows, topk))
-    check_tensor(local_count, "local_count", dtypes=_INT32, ndim=1)
+    check_tensor(local_count, "local_count", dtypes=INT32, ndim=1)
     check_shape(local_count, "local_count", (rows,))
     check_same_device(reference_tensor, name, global_ids=global_ids, local_ids=local_ids, local_count=local_count)
     check_no_overlap({"global_ids": global_ids, "local_ids": local_ids, "local_count": local_count},
@@ -87,14 +87,14 @@ def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_i
 
 
 def check_dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
-    check_tensor(gathered, "gathered", dtypes=_INT32, ndim=3)
+    check_tensor(gathered, "gathered", dtypes=INT32, ndim=3)
     world_size, rows, words = gathered.shape
     check_int(world_size, "gathered.shape[0] (world_size)", 2, MAX_WORLD_SIZE)
     check_int(topk, "topk", 1, TOPK_MAX_K)
     check_int(rank, "rank", 0, world_size - 1)
     local_topk = _one_round_local_topk(topk, world_size)
     check_shape(gathered, "gathered", (world_size, rows, packed_row_words(local_topk)))
-    check_tensor(rescue, "rescue", dtypes=_INT32, ndim=3)
+    check_tensor(rescue, "rescue", dtypes=INT32, ndim=3)
     check_shape(rescue, "rescue", (world_size, rows, packed_row_words(rescue_row_slots(topk))))
     check_same_device(gathered, "gathered", rescue=rescue)
     _check_merge_outputs(rows, topk, gathered, "gathered", global_ids, local_ids, local_count, rescue=rescue)
