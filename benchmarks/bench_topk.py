@@ -1,7 +1,9 @@
 """select_candidate_blocks and indexer_topk vs block max + torch.topk / torch.topk, beside the
 one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (SPEC 3).
 
-    python benchmarks/bench_topk.py [--quick] [--results FILE]
+    python benchmarks/bench_topk.py [--quick] [--dtype float32|bfloat16|float16] [--results FILE]
+
+``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from harness import Table, floor_bandwidth_tbs, graph_us, parser, rotation
 K = 2048
 
 
-def make_rows(rows: int, width: int):
+def make_rows(rows: int, width: int, dtype=torch.float32):
     def make(seed: int):
         gen = torch.Generator(device="cuda").manual_seed(seed)
-        logits = torch.randn(rows, width, device="cuda", generator=gen)
+        logits = torch.randn(rows, width, device="cuda", generator=gen).to(dtype)
         ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
         return logits, ends
 
-    return rotation(make, rows * width * 4)
+    return rotation(make, rows * width * dtype.itemsize)
+
+
+def named(shape: str, dtype) -> str:
+    return shape if dtype == torch.float32 else f"{shape} {str(dtype)[6:]}"
 
 
 def bar(floor_us: float) -> float:
@@ -33,8 +39,8 @@ def verdict(ours: float, base: float, floor_us: float, factor: float) -> str:
     return "yes" if ours <= bar(floor_us) and fast_enough else "no"
 
 
-def bench_blocks(table: Table, bandwidth: float, rows: int, width: int, block_size: int) -> None:
-    sets = make_rows(rows, width)
+def bench_blocks(table: Table, bandwidth: float, rows: int, width: int, block_size: int, dtype=torch.float32) -> None:
+    sets = make_rows(rows, width, dtype)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     select = torch.ops.sparse_decode.select_candidate_blocks
 
@@ -45,24 +51,27 @@ def bench_blocks(table: Table, bandwidth: float, rows: int, width: int, block_si
 
     ours = graph_us(lambda i: select(*sets[i % len(sets)], block_size, K, out))
     base = graph_us(baseline)
-    floor_us = rows * width * 4 / (bandwidth * 1e12) * 1e6
-    table.add("select_candidate_blocks", f"{rows}x{width >> 10}K bs={block_size}", ours, base,
+    floor_us = rows * width * dtype.itemsize / (bandwidth * 1e12) * 1e6
+    table.add("select_candidate_blocks", named(f"{rows}x{width >> 10}K bs={block_size}", dtype), ours, base,
               f"{base / ours:.1f}x", floor_us, bar(floor_us), verdict(ours, base, floor_us, 10))
 
 
-def bench_tokens(table: Table, bandwidth: float, rows: int, width: int) -> None:
-    sets = make_rows(rows, width)
+def bench_tokens(table: Table, bandwidth: float, rows: int, width: int, dtype=torch.float32) -> None:
+    sets = make_rows(rows, width, dtype)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     topk = torch.ops.sparse_decode.indexer_topk
     ours = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
-    floor_us = rows * width * 4 / (bandwidth * 1e12) * 1e6
-    table.add("indexer_topk", f"{rows}x{width >> 10}K", ours, base, f"{base / ours:.1f}x", floor_us,
+    floor_us = rows * width * dtype.itemsize / (bandwidth * 1e12) * 1e6
+    table.add("indexer_topk", named(f"{rows}x{width >> 10}K", dtype), ours, base, f"{base / ours:.1f}x", floor_us,
               bar(floor_us), verdict(ours, base, floor_us, 10))
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = p.parse_args()
+    dtype = getattr(torch, args.dtype)
     measured, bandwidth = floor_bandwidth_tbs()
     table = Table(
         f"select_candidate_blocks / indexer_topk, k={K} (copy bandwidth: measured {measured:.2f} TB/s, "
@@ -73,10 +82,10 @@ def main() -> None:
         (rows, width, bs) for rows in (1, 8, 64) for width in (32 << 10, 128 << 10, 1 << 20) for bs in (64, 8)
     ]
     for rows, width, bs in block_shapes:
-        bench_blocks(table, bandwidth, rows, width, bs)
+        bench_blocks(table, bandwidth, rows, width, bs, dtype)
     token_shapes = [(8, 128 << 10)] if args.quick else [(r, w) for r in (8, 64) for w in (128 << 10, 1 << 20)]
     for rows, width in token_shapes:
-        bench_tokens(table, bandwidth, rows, width)
+        bench_tokens(table, bandwidth, rows, width, dtype)
     table.emit(args.results)
 
 

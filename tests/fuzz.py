@@ -11,7 +11,7 @@ gate, rows kept unread, k_sel = 0) depends on the batch: rows of every length ki
 mixed from several families per batch (ties, few values, monotone rows, narrow rows, sparse
 peaks, NaN / +-inf / +-0.0), tails past each row's end that would win if they were read, strided
 and unaligned views, k from 1 to 4096, block sizes from 1 to 256. Ops: ``indexer_topk`` (fp32,
-bf16), ``select_candidate_blocks``, the DCP pack (the engine's ord16 select + the B' writer), the
+bf16, fp16), ``select_candidate_blocks`` (fp32, bf16, fp16 logits), the DCP pack (the engine's ord16 select + the B' writer), the
 one-round DCP merge of simulated ranks (against the generic merge), the generic local keys, and
 ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores). Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator
 seeded from it, so a (seed, index) pair is its own reproducer.
@@ -37,8 +37,8 @@ from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as index
 from torch_sparse_decode.ops.moe_route.reference import moe_route as moe_route_reference
 from torch_sparse_decode.ops.select_candidate_blocks.reference import select_candidate_blocks as blocks_reference
 
-OPS = ("indexer_fp32", "indexer_bf16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
-WEIGHTS = (26, 14, 28, 9, 7, 4, 12)  # how often each op is drawn
+OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
+WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12)  # how often each op is drawn
 FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
             "relu", "bf16_plateau")
 ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
@@ -258,6 +258,10 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
     x = with_tails(rng, values(rng, gen, rows, width), lengths)
     if op == "indexer_bf16":
         x = x.to(torch.bfloat16)
+    elif op == "indexer_fp16":
+        x = x.to(torch.float16)
+    elif op == "blocks":
+        x = x.to(rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16]))
     x = as_view(rng, x)
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
                        ctas=tsd_engine().cluster_size(rows, keys, sms()))

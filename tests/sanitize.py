@@ -59,7 +59,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     gen = torch.Generator().manual_seed(0)
     widths = [3000, 12000, 40000, 300001] if small else [6000, 12000, 98307, 1 << 19]
     for width in widths if "topk" in sections else ():  # cluster sizes 1, 2, 4, 8 at 6 rows
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
             x = torch.randn(6, width + 1, generator=gen)[:, 1:]
             x[1] = torch.arange(width).flip(0).float()  # descending: the first CTA's gate is highest
             x[2] = 0.5  # all equal: the tie-heavy passes
@@ -80,6 +80,11 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
         for k in (1, 64, 2048):
             got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), block, k)
             expect(f"blocks 64 rows bs={block} k={k}", got, oracle.candidate_blocks(x, ends, block, k))
+    for dtype in (torch.bfloat16, torch.float16) if "topk" in sections else ():
+        for block in (1, 8, 64):
+            got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
+            expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
+                   oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
     dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))
     for world, topk, length in dcp_worlds if "dcp" in sections else ():
         x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)

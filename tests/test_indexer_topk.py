@@ -33,11 +33,35 @@ def test_every_kind_and_boundary_length(device, kind, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "relu_zeros", "all_equal", "tiny_negative"])
-def test_bf16_scores(device, kind):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "relu_zeros", "all_equal", "tiny_negative", "nan_mixed",
+                                  "inf_mixed"])
+def test_half_precision_scores(device, dtype, kind):
     lengths = boundary_lengths(32, 1000)
-    x = scores(kind, (lengths.numel(), 1000), seed=2).to(torch.bfloat16)
+    x = scores(kind, (lengths.numel(), 1000), seed=2).to(dtype)
     check(x, lengths, 32, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_ties_and_specials(device, dtype):
+    """Ties that only the narrow type makes (fp32 scores a few ulps apart round to one value),
+    its subnormals, its largest finite value and its overflow to inf, and -0.0 beside +0.0: all
+    rank as their exact fp32 values, ties to the lower position."""
+    gen = torch.Generator().manual_seed(11)
+    x = (1 + torch.randn(6, 5000, generator=gen) * 1e-4).to(dtype)  # a few hundred distinct values
+    info = torch.finfo(dtype)
+    x[1, ::7] = info.max
+    x[1, 3::11] = float("inf")
+    x[1, 5::13] = 1e6  # fp16: inf; bf16: finite
+    x[2] = torch.where(torch.arange(5000) % 2 == 0, -0.0, 0.0).to(dtype)
+    x[2, 100:120] = info.smallest_normal / 4  # subnormals above the zeros
+    x[3] = -info.smallest_normal / 8  # all equal, negative subnormal
+    x[4, ::3] = float("nan")
+    x[5] = torch.arange(5000).flip(0).to(dtype)  # descending, ties past 2**11 (fp16) / 2**8 (bf16)
+    lengths = torch.tensor([5000, 4999, 3000, 2048, 4097, 5000], dtype=torch.int32)
+    for k in (1, 31, 2048):
+        check(x, lengths, k, device)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -31,13 +31,13 @@ def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, ke
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 4, 8])
-@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16, torch.int32])
 def test_topk_engine_compiles(source, ranks):
     """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values):
     block keys with the pinned block, scores by their full bits, and scores by their bf16 ord16
     (the DCP pack)."""
     assert topk.compiled(source, source is torch.int32, ranks) is not None
-    if source is not torch.int32:
+    if source in (torch.float32, torch.bfloat16):
         assert topk.compiled(source, False, ranks, ord16=True) is not None
 
 

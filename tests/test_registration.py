@@ -15,6 +15,7 @@ CUDA_KERNELS = {
     "moe_route": "moe_route.kernel",
     "select_candidate_blocks": "select_candidate_blocks.kernel",
     "indexer_topk": "indexer_topk.kernel",
+    "decode_row_lengths": "decode_row_lengths.kernel",
     "dcp_pack": "dcp.kernel",
     "dcp_merge": "dcp.kernel",
     "dcp_topk_merge": "dcp.kernel",
@@ -40,6 +41,7 @@ def op_cases(device):
         "moe_route": (scores, bias, 4, True, 1.5, False, 8, 4, torch.empty(5, 4, **f32), torch.empty(5, 4, **i32)),
         "select_candidate_blocks": (logits, ends, 8, 10, torch.empty(3, 10, **i32)),
         "indexer_topk": (tokens, lengths, 16, torch.empty(3, 16, **i32)),
+        "decode_row_lengths": (lengths, 2, torch.empty(6, **i32)),
         "dcp_pack": (tokens, lengths, 4, 1, 64, torch.empty_like(packed), torch.empty_like(rescue)),
         "dcp_merge": (gathered, rescues, 64, 2, *merged()),
         "dcp_local_keys": (tokens, lengths, 4, 1, 64, torch.empty(3, 64, dtype=torch.int64, device=device)),
@@ -63,6 +65,7 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
                                  torch.empty(router.shape[0], 8, dtype=torch.int32, device=router.device)))
     blocks = tsd.select_candidate_blocks(logits, ends, 64, 16)
     positions = tsd.indexer_topk(tokens, lengths, 32)
+    mtp = tsd.indexer_topk(tokens.repeat_interleave(2, dim=0), tsd.decode_row_lengths(lengths, 2), 32)
     world_size = ranks_scores.shape[0]
     rows = [dcp.pack_candidates(ranks_scores[r], ranks_lengths[r], world_size, r, 64) for r in range(world_size)]
     gathered = torch.stack([p for p, _ in rows])
@@ -74,7 +77,7 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
     generic_ids = dcp.merge_generic(keys, 1)[0]
     # The full step over a (one-rank) process group, traced as one op with the group's name.
     step_ids = dcp.dcp_topk_merge(ranks_scores[0], ranks_lengths[0], 64, group)[0]
-    return weights, experts, blocks, positions, global_ids, local_ids, count, generic_ids, step_ids, *grouped
+    return weights, experts, blocks, positions, mtp, global_ids, local_ids, count, generic_ids, step_ids, *grouped
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,7 +99,7 @@ def test_decode_step_compiles_without_graph_break(device):
     compiled = torch.compile(decode_step, fullgraph=True)
     for got, want in zip(compiled(*args), decode_step(*args)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert torch.equal(compiled(*args)[4], compiled(*args)[7])  # one-round == generic
+    assert torch.equal(compiled(*args)[5], compiled(*args)[8])  # one-round == generic
 
 
 BAD = []
@@ -134,7 +137,8 @@ bad("moe_route", lambda a: (*a[:2], 9, *a[3:6], 8, 1, torch.empty(5, 9), torch.e
 bad("moe_route", _set(0, lambda t: torch.rand(2, 2000)), ValueError, "scores must have 1 to 1024 experts")
 bad("moe_route", _set(4, float("nan")), ValueError, "scale must be finite")
 bad("moe_route", _set(4, float("inf")), ValueError, "scale must be finite")
-bad("select_candidate_blocks", _set(0, lambda t: t.bfloat16()), TypeError, "logits must have dtype float32")
+bad("select_candidate_blocks", _set(0, lambda t: t.double()), TypeError,
+    "logits must have dtype float32 or bfloat16 or float16")
 bad("select_candidate_blocks", _set(0, lambda t: t[:, ::2]), ValueError, "logits must have unit stride")
 bad("select_candidate_blocks", _set(1, lambda t: t.long()), TypeError, "lengths must have dtype int32")
 bad("select_candidate_blocks", _set(1, lambda t: t[:2]), ValueError, "lengths must have shape")
@@ -143,8 +147,11 @@ bad("select_candidate_blocks", _set(2, 257), ValueError, "block_size must be in"
 bad("select_candidate_blocks", _set(4, lambda t: t[:2]), ValueError, "out must have 3 rows")
 bad("select_candidate_blocks", _set(3, 4097), ValueError, "k must be in")
 bad("select_candidate_blocks", _set(3, 9), ValueError, "out must have k = 9 columns")
-bad("indexer_topk", _set(0, lambda t: t.half()), TypeError, "scores must have dtype float32 or bfloat16")
+bad("indexer_topk", _set(0, lambda t: t.double()), TypeError, "scores must have dtype float32 or bfloat16 or float16")
 bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths must be 1-D")
+bad("decode_row_lengths", _set(0, lambda t: t.long()), TypeError, "seq_lens must have dtype int32")
+bad("decode_row_lengths", _set(1, 1025), ValueError, r"next_n must be in \[1, 1024\]")
+bad("decode_row_lengths", _set(2, lambda t: t[:5]), ValueError, r"out must have shape \(6,\)")
 bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")
 bad("indexer_topk", _set(2, 0), ValueError, "k must be in")
 bad("indexer_topk", _set(0, lambda t: torch.empty(3, (1 << 20) + 1)), ValueError, "scores may have at most")

@@ -64,6 +64,24 @@ def test_decode_sizes(device, block_size, k):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "inf_mixed", "tiny_negative"])
+@pytest.mark.parametrize("block_size", [1, 8, 64])
+def test_half_precision_logits(device, dtype, kind, block_size):
+    """bf16 / fp16 logits: each block's max of the exact fp32 values, so blocks that tie in the
+    narrow type stay tied (the lower block id first)."""
+    k = 6
+    width = (k + 3) * block_size + block_size // 2 + 1
+    ends = edge_ends(block_size, k, width)
+    check(scores(kind, (ends.numel(), width), seed=block_size).to(dtype), ends, block_size, k, device)
+    x = (1 + torch.randn(3, 64 * block_size, generator=torch.Generator().manual_seed(5)) * 1e-4).to(dtype)
+    x[1, ::3] = float("nan")
+    x[2] = -0.0
+    check(x, torch.tensor([64 * block_size, 50 * block_size - 1, 64 * block_size], dtype=torch.int32), block_size,
+          17, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [8, 64])
 def test_largest_rows(device, block_size):
     width = 1 << 20

@@ -26,12 +26,19 @@ def unsigned_key(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("block_size", [1, 3, 8, 64, 256])
 @pytest.mark.parametrize("keep_all", [0, 36])
-def test_block_keys_match_reference_scores(kind, block_size, keep_all):
-    """Rows of <= keep_all blocks are the engine's to keep unread; every other row is checked."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_block_keys_match_reference_scores(kind, block_size, keep_all, dtype):
+    """Rows of <= keep_all blocks are the engine's to keep unread; every other row is checked.
+    bf16 / fp16 logits widen exactly, so their keys are those of their fp32 values."""
+    if dtype != torch.float32 and (keep_all or block_size in (3, 256)):
+        pytest.skip("the narrow dtypes at a few block sizes suffice (CI time)")
+    if dtype == torch.bfloat16 and kind == "tiny_negative":
+        pytest.skip("the interpreter widens bf16 subnormals wrongly (-3.03e-39 -> -3.67e-40); the GPU's cvt is "
+                    "exact, and test_select_candidate_blocks checks bf16 subnormals there")
     bs = block_size
     width = 37 * bs + 5
     ends = torch.tensor([width, 0, 1, bs - 1, bs, bs + 1, 36 * bs, 36 * bs + 1, width + 9, -4], dtype=torch.int32)
-    x = scores(kind, (ends.numel(), width), seed=block_size)
+    x = scores(kind, (ends.numel(), width), seed=block_size).to(dtype)
     keys = blocks.block_keys(x, ends, block_size, keep_all).to(torch.int64) & 0xFFFFFFFF
     want = unsigned_key(reference.block_scores(x, ends, block_size))
     valid = (ends.clamp(0, width).to(torch.int64) + bs - 1) // bs

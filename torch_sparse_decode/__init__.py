@@ -5,6 +5,7 @@ Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
 - ``moe_route``: MoE routing, top-k experts by score + bias with exact tie rules;
 - ``select_candidate_blocks``: candidate block selection over the valid prefix of decode rows;
 - ``indexer_topk``: exact token top-k of the DSA indexer;
+- ``decode_row_lengths``: the valid length of each query row of an MTP / next_n decode step;
 - ``dcp``: the decode-context-parallel top-K merge (pack, one-round merge with rescue, generic
   merge, process-group entry points and the seed's config helpers).
 
@@ -18,6 +19,7 @@ import torch
 
 from . import dcp, ops, order  # noqa: F401  (ops registers every op)
 from ._library import register_warmup, registered_ops, run_warmups
+from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
@@ -28,6 +30,7 @@ __all__ = [
     "moe_route",
     "select_candidate_blocks",
     "indexer_topk",
+    "decode_row_lengths",
     "dcp",
     "ops",
     "order",
@@ -50,6 +53,7 @@ def _run_every_op(device: torch.device) -> None:
     ends = torch.tensor([1 << 17, 9000, 64, 0], dtype=torch.int32, device=device)
     select_candidate_blocks(logits, ends, 64, 2048)
     indexer_topk(logits, ends, 2048)
+    decode_row_lengths(ends, 2)
     world, local = 4, torch.randn(4, 4, 16384, generator=gen).to(device)
     lengths = torch.full((world, 4), 16384, dtype=torch.int32, device=device)
     dcp.simulate_dcp_topk(local, lengths, 2048)

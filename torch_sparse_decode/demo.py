@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 
 from . import dcp
+from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
@@ -65,6 +66,16 @@ def _indexer_topk(device: torch.device) -> Example:
                    lambda: indexer_topk(scores, lengths, 2048))
 
 
+def _mtp_indexer_topk(device: torch.device) -> Example:
+    """An MTP step (next_n = 2): each request's two query rows, lengths from its KV length."""
+    scores = torch.randn(6, 8192, generator=torch.Generator().manual_seed(6)).to(torch.float16)
+    seq_lens = torch.tensor([8192, 3000, 40], dtype=torch.int32)
+    x, n = _on(device, scores, seq_lens)
+    return Example("indexer_topk (MTP rows)", "3x2 rows 8K fp16 k=512",
+                   lambda: indexer_topk(x, decode_row_lengths(n, 2), 512),
+                   lambda: indexer_topk(scores, decode_row_lengths(seq_lens, 2), 512))
+
+
 def _dcp_inputs(seed: int):
     gen = torch.Generator().manual_seed(seed)
     scores = torch.randn(4, 4, 16384, generator=gen)
@@ -117,6 +128,7 @@ EXAMPLES = (
     _grouped_moe_route,
     _select_candidate_blocks,
     _indexer_topk,
+    _mtp_indexer_topk,
     _dcp("dcp simulate (one-round)", 3, dcp.simulate_dcp_topk, _dcp_generic),
     _dcp("dcp generic merge", 4, _dcp_generic, dcp.simulate_dcp_topk),
     _dcp_step,

@@ -8,3 +8,4 @@ TOPK_MAX_K = 4096
 TOPK_MAX_WIDTH = 1 << 20
 TOPK_MAX_ROWS = 65535  # the CUDA engine puts rows on a grid dimension capped there
 MAX_BLOCK_SIZE = 256
+MAX_NEXT_N = 1024  # decode_row_lengths: query rows per request

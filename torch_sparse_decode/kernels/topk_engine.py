@@ -45,7 +45,7 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Boolean, Float32, Int32, Int64, Uint32
+from cutlass import BFloat16, Boolean, Float16, Float32, Int32, Int64, Uint32
 
 from .compile import cached_kernel, fake_stream, fake_tensor
 from .cute import begin_marks, block_exclusive, stamp, warps_before, zero_fill
@@ -69,7 +69,7 @@ STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter sp
 ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
-SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.int32: Int32}
+SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16, torch.int32: Int32}
 # Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
 # cycles since the kernel began (0 for a phase the row did not take).
 PHASES = ("gated pass + index order", "exchange", "digits from the copies", "first-digit pass", "digit 0",
@@ -242,7 +242,7 @@ class RadixTopk:
             key = x.bitcast(Uint32)  # block keys, already ordered
         elif cutlass.const_expr(self.ord16):
             key = ord16_key(x.to(Float32))
-        elif cutlass.const_expr(self.source is BFloat16):
+        elif cutlass.const_expr(self.source is not Float32):  # bf16 / fp16 widen exactly
             key = ordered_key(x.to(Float32))
         else:
             key = ordered_key(x)

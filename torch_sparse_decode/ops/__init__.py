@@ -3,4 +3,4 @@
 registration and Python wrapper) and ``kernel.py`` (the CUDA kernel). Importing this registers
 them all."""
 
-from . import dcp, indexer_topk, moe_route, select_candidate_blocks  # noqa: F401
+from . import dcp, decode_row_lengths, indexer_topk, moe_route, select_candidate_blocks  # noqa: F401

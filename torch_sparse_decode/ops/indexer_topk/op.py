@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import check_int, check_topk_rows, define_op, topk_out
+from ..._library import SCORE_DTYPES, check_int, check_topk_rows, define_op, topk_out
 from ...limits import TOPK_MAX_K
 from . import reference
 
 
 def check_indexer_topk(scores, lengths, k, out) -> None:
-    check_topk_rows(scores, "scores", (torch.float32, torch.bfloat16), lengths, k, out)
+    check_topk_rows(scores, "scores", SCORE_DTYPES, lengths, k, out)
 
 
 def _kernel():
@@ -32,7 +32,7 @@ def indexer_topk(
     """Exact top-k token positions of each row's valid prefix (the DSA indexer's selection).
 
     Args:
-        scores: fp32 or bf16 [rows, width] (unit stride in the last dim, rows <= 65535,
+        scores: fp32, bf16 or fp16 [rows, width] (unit stride in the last dim, rows <= 65535,
             width <= 2**20).
         lengths: int32 [rows] valid lengths, clamped to [0, width].
         k: positions to select, 1..4096.

@@ -34,7 +34,7 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
         lane = tl.arange(0, BLOCK_P2)[None, :]
         cols = b[:, None] * BLOCK + lane
         inside = (b[:, None] < n_blocks) & (cols < n_cols) & (lane < BLOCK)
-        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf"))
+        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
         x = tl.max(tl.where(x != x, float("-inf"), x), axis=1)
         bits = x.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
@@ -76,7 +76,8 @@ def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_s
 def warm(device: torch.device) -> None:
     """Compile the engine and the decode shapes' block-key kernels."""
     engine.warm()
-    x = torch.zeros(1, 1 << 15, device=device)
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
-    for block in (8, 64):
-        block_keys(x, n, block)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        x = torch.zeros(1, 1 << 15, device=device, dtype=dtype)
+        for block in (8, 64):
+            block_keys(x, n, block)

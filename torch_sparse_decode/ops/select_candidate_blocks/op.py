@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import check_int, check_topk_rows, define_op, topk_out
+from ..._library import SCORE_DTYPES, check_int, check_topk_rows, define_op, topk_out
 from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from . import reference
 
 
 def check_select_candidate_blocks(logits, lengths, block_size, k, out) -> None:
-    check_topk_rows(logits, "logits", (torch.float32,), lengths, k, out)
+    check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out)
     check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
 
 
@@ -37,7 +37,7 @@ def select_candidate_blocks(
     """Candidate block selection for sparse-attention decode.
 
     Args:
-        logits: fp32 [rows, width] token logits (unit stride in the last dim, rows <= 65535,
+        logits: fp32, bf16 or fp16 [rows, width] token logits (widened to fp32 exactly) (unit stride in the last dim, rows <= 65535,
             width <= 2**20); row i is valid below ``lengths[i]``.
         lengths: int32 [rows] valid lengths in columns (tokens), clamped to [0, width].
         block_size: columns per block, 1..256; row i has ``ceil(lengths[i] / block_size)``

@@ -1,0 +1,3 @@
+"""``decode_row_lengths``: reference, registration and wrapper (``op``), CUDA kernel (``kernel``)."""
+
+from . import op  # noqa: F401  (registers the op)
