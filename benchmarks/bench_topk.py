@@ -67,6 +67,26 @@ def bench_tokens(table: Table, bandwidth: float, rows: int, width: int, dtype=to
               bar(floor_us), verdict(ours, base, floor_us, 10))
 
 
+def bench_windows(table: Table, rows: int, window: int, width: int, block_size: int = 0) -> None:
+    """row_starts: windows of ``window`` columns at random starts inside rows of ``width``, beside
+    plain rows of ``window`` columns (the bar: the same cost)."""
+    gen = torch.Generator().manual_seed(rows + window)
+    starts = torch.randint(0, width - window + 1, (rows,), generator=gen, dtype=torch.int32).cuda()
+    ends = starts + window
+    wide = make_rows(rows, width)
+    plain = make_rows(rows, window)
+    out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    if block_size:
+        op, name = torch.ops.sparse_decode.select_candidate_blocks, f"select_candidate_blocks bs={block_size}"
+        windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, block_size, K, out, starts))
+        ours = graph_us(lambda i: op(*plain[i % len(plain)], block_size, K, out))
+    else:
+        op, name = torch.ops.sparse_decode.indexer_topk, "indexer_topk"
+        windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, K, out, starts))
+        ours = graph_us(lambda i: op(*plain[i % len(plain)], K, out))
+    table.add(name, f"{rows} x {window >> 10}K of {width >> 10}K", windowed, ours, f"{windowed / ours:.2f}")
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -87,6 +107,12 @@ def main() -> None:
     for rows, width in token_shapes:
         bench_tokens(table, bandwidth, rows, width, dtype)
     table.emit(args.results)
+    windows = Table(f"row_starts: windows at random starts vs plain rows of the window's length, k={K}",
+                    ["op", "windows", "windows (us)", "plain rows (us)", "ratio"])
+    for rows, window, width, bs in [(8, 128 << 10, 256 << 10, 0), (64, 128 << 10, 256 << 10, 0),
+                                    (8, 128 << 10, 1 << 20, 8)][: 1 if args.quick else None]:
+        bench_windows(windows, rows, window, width, bs)
+    windows.emit(args.results)
 
 
 if __name__ == "__main__":

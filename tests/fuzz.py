@@ -265,14 +265,35 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
     x = as_view(rng, x)
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
                        ctas=tsd_engine().cluster_size(rows, keys, sms()))
+    starts = draw_starts(rng, lengths) if rng.random() < 0.25 else None
+    case.params.update(windows=starts is not None)
     got, want = poisoned((rows, k), torch.int32), poisoned((rows, k), torch.int32)
     if op == "blocks":
-        tsd.select_candidate_blocks(x, lengths, block, k, out=got)
-        blocks_reference(x, lengths, block, k, want)
+        tsd.select_candidate_blocks(x, lengths, block, k, row_starts=starts, out=got)
+        blocks_reference(x, lengths, block, k, want, starts)
     else:
-        tsd.indexer_topk(x, lengths, k, out=got)
-        indexer_reference(x, lengths, k, want)
+        tsd.indexer_topk(x, lengths, k, row_starts=starts, out=got)
+        indexer_reference(x, lengths, k, want, starts)
     return first_difference(got, want)
+
+
+def draw_starts(rng: random.Random, lengths: torch.Tensor) -> torch.Tensor:
+    """Window starts: 0, anywhere before the end (often unaligned), just before it, at it, past
+    it, negative."""
+    starts = []
+    for end in lengths.tolist():
+        mode = rng.random()
+        if mode < 0.4:
+            starts.append(rng.randint(0, max(end, 0)))
+        elif mode < 0.55:
+            starts.append(max(end - rng.randint(1, 3), 0))
+        elif mode < 0.7:
+            starts.append(end + rng.choice([0, 1, 1000]))
+        elif mode < 0.8:
+            starts.append(-rng.randint(1, 1 << 20))
+        else:
+            starts.append(rng.randint(0, 64))
+    return torch.tensor(starts, dtype=torch.int32, device=lengths.device)
 
 
 def dcp_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> str:

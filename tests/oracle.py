@@ -159,3 +159,16 @@ def dcp_global_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int):
         torch.tensor(local_rows, dtype=torch.int32).view(world_size, rows, topk),
         torch.tensor(counts, dtype=torch.int32).view(world_size, rows),
     )
+
+
+def windowed(select, scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, *args) -> torch.Tensor:
+    """``select`` (topk_tokens or candidate_blocks) run on each row's window [start, end) as a
+    row of its own (start clamped to [0, end], end to [0, width]), so the ids count from the start."""
+    width = scores.shape[1]
+    rows = []
+    for row in range(scores.shape[0]):
+        end = min(max(int(ends[row]), 0), width)
+        start = min(max(int(starts[row]), 0), end)
+        piece = scores[row:row + 1, start:end]
+        rows.append(select(piece, torch.tensor([end - start], dtype=torch.int32), *args))
+    return torch.cat(rows)

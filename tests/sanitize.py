@@ -80,6 +80,16 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
         for k in (1, 64, 2048):
             got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), block, k)
             expect(f"blocks 64 rows bs={block} k={k}", got, oracle.candidate_blocks(x, ends, block, k))
+    if "topk" in sections:  # windows [row_starts, lengths): unaligned, across CTAs, empty, past the end
+        width = 120001 if small else 300001
+        x = torch.randn(6, width, generator=gen)
+        starts = torch.tensor([0, 1, width // 2, width - 2, width + 5, 7], dtype=torch.int32)
+        ends = torch.tensor([width, width - 1, width, width, width, 9000], dtype=torch.int32)
+        got = tsd.indexer_topk(x.cuda(), ends.cuda(), 2048, row_starts=starts.cuda())
+        expect(f"indexer windows 6x{width} k=2048", got, oracle.windowed(oracle.topk_tokens, x, starts, ends, 2048))
+        got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), 8, 2048, row_starts=starts.cuda())
+        expect(f"blocks windows 6x{width} bs=8 k=2048", got,
+               oracle.windowed(oracle.candidate_blocks, x, starts, ends, 8, 2048))
     for dtype in (torch.bfloat16, torch.float16) if "topk" in sections else ():
         for block in (1, 8, 64):
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)

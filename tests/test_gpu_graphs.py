@@ -65,17 +65,23 @@ def test_topk_ops_graph_replay():
         gen = torch.Generator().manual_seed(seed)
         logits = scores("relu_zeros", (8, 128 * 1024), seed).cuda()
         ends = torch.randint(0, 128 * 1024 + 1, (8,), generator=gen, dtype=torch.int32).cuda()
-        return logits, ends
+        starts = torch.randint(-5, 128 * 1024, (8,), generator=gen, dtype=torch.int32).cuda()
+        return logits, ends, starts
 
-    def step(logits, ends):
+    def step(logits, ends, starts):
         return (
             tsd.select_candidate_blocks(logits, ends, 64, 2048),
             tsd.indexer_topk(logits, ends, 2048),
+            tsd.select_candidate_blocks(logits, ends, 8, 512, row_starts=starts),
+            tsd.indexer_topk(logits, ends, 2048, row_starts=starts),
+            tsd.decode_row_lengths(ends, 3),
         )
 
-    def ref(logits, ends):
-        logits, ends = logits.cpu(), ends.cpu()
-        return tsd.select_candidate_blocks(logits, ends, 64, 2048), tsd.indexer_topk(logits, ends, 2048)
+    def ref(logits, ends, starts):
+        logits, ends, starts = logits.cpu(), ends.cpu(), starts.cpu()
+        return (tsd.select_candidate_blocks(logits, ends, 64, 2048), tsd.indexer_topk(logits, ends, 2048),
+                tsd.select_candidate_blocks(logits, ends, 8, 512, row_starts=starts),
+                tsd.indexer_topk(logits, ends, 2048, row_starts=starts), tsd.decode_row_lengths(ends, 3))
 
     graphed = capture_graph(step, *make(0))
     assert replay_matches(graphed, _fresh(make), ref) == 4

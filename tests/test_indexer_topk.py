@@ -64,6 +64,42 @@ def test_half_precision_ties_and_specials(device, dtype):
         check(x, lengths, k, device)
 
 
+def window_edges(k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(starts, ends): windows of 0, 1, k - 1, k, k + 1 and most of the width, starting at 0, at
+    odd (unaligned) columns and near the end; starts past the end, at it, and negative."""
+    pairs = [(0, width), (1, width), (3, 3 + k - 1), (5, 5 + k), (7, 7 + k + 1), (width // 2 + 1, width),
+             (width - 1, width), (width, width), (40, 20), (-9, 30), (13, width + 50), (0, 0), (2, 2 + k + 700)]
+    starts, ends = zip(*[(s, min(e, width + 50)) for s, e in pairs])
+    return torch.tensor(starts, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "ascending"])
+@pytest.mark.parametrize("k,width", [(1, 300), (64, 300), (2048, 40000), (4096, 300000)])
+def test_row_starts(device, kind, k, width):
+    """Row i selects over [row_starts[i], lengths[i]); ids count from the start. Columns outside
+    the window would win if read."""
+    starts, ends = window_edges(k, width)
+    x = scores(kind if kind != "ascending" else "random", (starts.numel(), width), seed=k)
+    if kind == "ascending":
+        x = torch.arange(width, dtype=torch.float32).expand(starts.numel(), width).clone()
+    col = torch.arange(width)
+    outside = (col < starts[:, None]) | (col >= ends[:, None])
+    x = torch.where(outside, float("inf"), x)
+    out = poisoned((starts.numel(), k), torch.int32, device)
+    tsd.indexer_topk(x.to(device), ends.to(device), k, row_starts=starts.to(device), out=out)
+    assert torch.equal(out.cpu(), oracle.windowed(oracle.topk_tokens, x, starts, ends, k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_row_starts_half_precision(device, dtype):
+    starts, ends = window_edges(256, 9000)
+    x = scores("bf16_plateau", (starts.numel(), 9000), seed=3).to(dtype)
+    out = tsd.indexer_topk(x.to(device), ends.to(device), 256, row_starts=starts.to(device)).cpu()
+    assert torch.equal(out, oracle.windowed(oracle.topk_tokens, x.float(), starts, ends, 256))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [512, 1024, 2048, 4096])
 def test_decode_sizes(device, k):

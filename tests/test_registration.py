@@ -58,6 +58,15 @@ def test_every_op_is_registered_and_passes_opcheck(device):
         torch.library.opcheck(getattr(torch.ops.sparse_decode, name).default, args)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_starts_pass_opcheck(device):
+    """The optional row_starts input of the two top-k ops (the cases above leave it out)."""
+    cases = op_cases(device)
+    starts = torch.tensor([3, 400, 1], dtype=torch.int32, device=device)
+    for name in ("select_candidate_blocks", "indexer_topk"):
+        torch.library.opcheck(getattr(torch.ops.sparse_decode, name).default, (*cases[name], starts))
+
+
 def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks_lengths, group=None):
     weights, experts = tsd.moe_route(router, bias, 8, scale=2.0)
     grouped = tsd.moe_route(router.bfloat16(), bias, 8, scale=2.5, num_expert_group=8, topk_group=4,
@@ -65,6 +74,7 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
                                  torch.empty(router.shape[0], 8, dtype=torch.int32, device=router.device)))
     blocks = tsd.select_candidate_blocks(logits, ends, 64, 16)
     positions = tsd.indexer_topk(tokens, lengths, 32)
+    windows = tsd.indexer_topk(tokens, lengths, 32, row_starts=lengths // 3)
     mtp = tsd.indexer_topk(tokens.repeat_interleave(2, dim=0), tsd.decode_row_lengths(lengths, 2), 32)
     world_size = ranks_scores.shape[0]
     rows = [dcp.pack_candidates(ranks_scores[r], ranks_lengths[r], world_size, r, 64) for r in range(world_size)]
@@ -77,7 +87,7 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
     generic_ids = dcp.merge_generic(keys, 1)[0]
     # The full step over a (one-rank) process group, traced as one op with the group's name.
     step_ids = dcp.dcp_topk_merge(ranks_scores[0], ranks_lengths[0], 64, group)[0]
-    return weights, experts, blocks, positions, mtp, global_ids, local_ids, count, generic_ids, step_ids, *grouped
+    return weights, experts, blocks, positions, windows, mtp, global_ids, local_ids, count, generic_ids, step_ids, *grouped
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -99,7 +109,7 @@ def test_decode_step_compiles_without_graph_break(device):
     compiled = torch.compile(decode_step, fullgraph=True)
     for got, want in zip(compiled(*args), decode_step(*args)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert torch.equal(compiled(*args)[5], compiled(*args)[8])  # one-round == generic
+    assert torch.equal(compiled(*args)[6], compiled(*args)[9])  # one-round == generic
 
 
 BAD = []
@@ -149,6 +159,8 @@ bad("select_candidate_blocks", _set(3, 4097), ValueError, "k must be in")
 bad("select_candidate_blocks", _set(3, 9), ValueError, "out must have k = 9 columns")
 bad("indexer_topk", _set(0, lambda t: t.double()), TypeError, "scores must have dtype float32 or bfloat16 or float16")
 bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths must be 1-D")
+bad("indexer_topk", lambda a: (*a, a[1].long()), TypeError, "row_starts must have dtype int32")
+bad("select_candidate_blocks", lambda a: (*a, a[1][:2]), ValueError, "row_starts must have shape")
 bad("decode_row_lengths", _set(0, lambda t: t.long()), TypeError, "seq_lens must have dtype int32")
 bad("decode_row_lengths", _set(1, 1025), ValueError, r"next_n must be in \[1, 1024\]")
 bad("decode_row_lengths", _set(2, lambda t: t[:5]), ValueError, r"out must have shape \(6,\)")

@@ -82,6 +82,25 @@ def test_half_precision_logits(device, dtype, kind, block_size):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed"])
+@pytest.mark.parametrize("block_size,k,width", [(1, 64, 3000), (8, 6, 200), (8, 2048, 40000), (64, 256, 300000)])
+def test_row_starts(device, kind, block_size, k, width):
+    """Row i's window is columns [row_starts[i], lengths[i]); its blocks count from the start
+    (the newest: the window's last, partial or not). Columns outside would win if read."""
+    bs = block_size
+    pairs = [(0, width), (1, width), (3, 3 + k * bs), (5, 5 + (k - 1) * bs + 1), (7, 7 + (k + 1) * bs - 1),
+             (width // 2 + 3, width), (width - 1, width), (width, width), (50, 10), (-5, 40), (9, width + 20)]
+    starts = torch.tensor([p[0] for p in pairs], dtype=torch.int32)
+    ends = torch.tensor([min(p[1], width + 20) for p in pairs], dtype=torch.int32)
+    x = scores(kind, (len(pairs), width), seed=bs)
+    col = torch.arange(width)
+    x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)
+    out = poisoned((len(pairs), k), torch.int32, device)
+    tsd.select_candidate_blocks(x.to(device), ends.to(device), bs, k, row_starts=starts.to(device), out=out)
+    assert torch.equal(out.cpu(), oracle.windowed(oracle.candidate_blocks, x, starts, ends, bs, k))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("block_size", [8, 64])
 def test_largest_rows(device, block_size):
     width = 1 << 20

@@ -56,3 +56,21 @@ def test_keys_order_like_scores():
     keys = unsigned_key(values)
     assert keys[3] == keys[4] and keys[8] == keys[0]  # -0.0 ties +0.0, NaN is -inf
     assert torch.all(keys[1:8].diff() >= 0) and keys[0] < keys[1] and keys[0] > 0
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 64])
+def test_block_keys_of_windows(block_size):
+    """With starts, each row's keys are those of its window [start, end) moved to column 0."""
+    from torch_sparse_decode.order import windows
+
+    bs = block_size
+    width = 37 * bs + 5
+    starts = torch.tensor([0, 1, 3, bs + 1, width - 1, width, 60 * bs, -4], dtype=torch.int32)
+    ends = torch.tensor([width, width, 3 + 5 * bs, width - 2, width, width, 10, 9], dtype=torch.int32)
+    x = scores("random", (starts.numel(), width), seed=bs)
+    shifted, n = windows(x, starts, ends)
+    got = blocks.block_keys(x, ends, bs, 0, starts)
+    want = blocks.block_keys(shifted.contiguous(), n.to(torch.int32), bs)
+    valid = (n + bs - 1) // bs
+    for row in range(x.shape[0]):
+        assert torch.equal(got[row, :valid[row]], want[row, :valid[row]]), row

@@ -206,8 +206,9 @@ def check_rows(rows: int, name: str) -> None:
         raise ValueError(f"{name} may have at most {TOPK_MAX_ROWS} rows, got {rows}")
 
 
-def check_topk_rows(scores, scores_name, dtypes, lengths, k, out) -> None:
-    """The arguments the top-k ops share: scores [rows, width], lengths [rows], k, out [rows, k]."""
+def check_topk_rows(scores, scores_name, dtypes, lengths, k, out, row_starts=None) -> None:
+    """The arguments the top-k ops share: scores [rows, width], lengths [rows], k, out [rows, k],
+    and the optional row_starts [rows]."""
     check_int(k, "k", 1, TOPK_MAX_K)
     check_tensor(scores, scores_name, dtypes=dtypes, ndim=2, contiguous=False, inner_contiguous=True)
     rows, width = scores.shape
@@ -221,7 +222,12 @@ def check_topk_rows(scores, scores_name, dtypes, lengths, k, out) -> None:
     if out.shape[1] != k:
         raise ValueError(f"out must have k = {k} columns, got {out.shape[1]}")
     check_same_device(scores, scores_name, lengths=lengths, out=out)
-    check_no_overlap({"out": out}, {scores_name: scores, "lengths": lengths})
+    inputs = {scores_name: scores, "lengths": lengths}
+    if row_starts is not None:
+        check_lengths(row_starts, "row_starts", rows)
+        check_same_device(scores, scores_name, row_starts=row_starts)
+        inputs["row_starts"] = row_starts
+    check_no_overlap({"out": out}, inputs)
 
 
 def topk_out(like: object, name: str, k: int) -> torch.Tensor:

@@ -107,3 +107,16 @@ def prefix_keys(scores: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
 
 def clamped_lengths(lengths: torch.Tensor, width: int) -> torch.Tensor:
     return lengths.to(torch.int64).clamp(0, width)
+
+
+def windows(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's window of columns [start, end) moved to column 0, and its length. ``end`` is
+    clamped to [0, width] and ``start`` to [0, end] (a start past the end: an empty window);
+    columns past a window's length hold copies of the row's last column (callers mask them)."""
+    width = x.shape[1]
+    end = clamped_lengths(ends, width)
+    start = torch.minimum(starts.to(torch.int64).clamp(min=0), end)
+    if width == 0:
+        return x, end - start
+    columns = (start[:, None] + torch.arange(width, device=x.device)).clamp(max=width - 1)
+    return x.gather(1, columns), end - start

@@ -229,9 +229,9 @@ class RadixTopk:
         stamp(marks, PHASES, phase, self.profile)
 
     @cute.jit
-    def __call__(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
-                 out: cute.Tensor, stream):
-        self.kernel(src, lengths, cols, block, k_sel, out).launch(
+    def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
+                 block: Int32, k_sel: Int32, out: cute.Tensor, stream):
+        self.kernel(src, lengths, starts, windowed, cols, block, k_sel, out).launch(
             grid=[self.ctas, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ctas, 1, 1],
             stream=stream, use_pdl=self.pinned,
         )
@@ -614,8 +614,8 @@ class RadixTopk:
             out[row, i] = cutlass.select_(i < count, first + i, Int32(-1))
 
     @cute.kernel
-    def kernel(self, src: cute.Tensor, lengths: cute.Tensor, cols: Int32, block: Int32, k_sel: Int32,
-               out: cute.Tensor):
+    def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
+               block: Int32, k_sel: Int32, out: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         lane, warp = tid % 32, tid // 32
         rank, row, _ = cute.arch.block_idx()
@@ -643,8 +643,11 @@ class RadixTopk:
             began = cute.arch.globaltimer()  # ns, the same clock on every SM
         begin_marks(marks, PHASES, self.profile)
 
-        # Valid keys of this row (blocks: all valid blocks but the pinned newest) and this CTA's span.
-        valid = (max(min(lengths[row], cols), Int32(0)) + block - 1) // block
+        # The row's window of columns [first, end) (first = 0 unless ``windowed``; ids count from
+        # first), its valid keys (blocks: all valid blocks but the pinned newest) and this CTA's span.
+        end = max(min(lengths[row], cols), Int32(0))
+        first = cutlass.select_(windowed != 0, min(max(starts[row], Int32(0)), end), Int32(0))
+        valid = (end - first + block - 1) // block
         n = valid
         if cutlass.const_expr(self.pinned):
             n = max(valid - 1, Int32(0))
@@ -654,6 +657,8 @@ class RadixTopk:
         # Tiles start 16-byte aligned in memory (cp.async), up to one chunk before lo.
         size = self.source.width // 8
         row_off = Int64(row) * src.stride[0]
+        if cutlass.const_expr(not self.pinned):  # block keys already hold the window's blocks from 0
+            row_off = row_off + Int64(first)
         base = lo - Int32((Int64((src.iterator + row_off).toint()) // size + Int64(lo)) % (16 // size))
         tiles = cutlass.select_(hi > lo, (hi - base + TILE - 1) // TILE, Int32(0))
         span = Span(row_off, base, lo, hi, tiles)
@@ -847,19 +852,25 @@ def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, 
     dtype = SOURCES[source]
     src = fake_tensor(dtype, (rows, width), (cute.sym_int64(), 1))
     lengths = fake_tensor(Int32, (rows,), (1,))
+    starts = fake_tensor(Int32, (rows,), (1,))
     out = fake_tensor(Int32, (rows, cute.sym_int()), (cute.sym_int64(), 1))
     engine = RadixTopk(dtype, pinned, ctas, ord16, profile)
-    return cute.compile(engine, src, lengths, Int32(0), Int32(1), Int32(1), out, fake_stream(),
+    return cute.compile(engine, src, lengths, starts, Int32(0), Int32(0), Int32(1), Int32(1), out, fake_stream(),
                         options="--enable-tvm-ffi")
 
 
 def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
-           pinned: bool, ord16: bool = False) -> None:
+           pinned: bool, ord16: bool = False, starts: torch.Tensor | None = None) -> None:
+    """Row r selects over columns [starts[r], lengths[r]) (clamped to [0, cols]; without
+    ``starts``, from 0), ids counted from the window's start. Token sources are read from there;
+    block keys (``pinned``) hold the window's blocks from 0."""
     rows = out.shape[0]
     if rows == 0:
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16)(src, lengths, cols, block, k_sel, out)
+    windowed = starts is not None
+    compiled(src.dtype, pinned, ctas, ord16)(src, lengths, starts if windowed else lengths, int(windowed), cols, block,
+                                             k_sel, out)
 
 
 def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:

@@ -16,25 +16,28 @@ import triton.language as tl
 from ...kernels import topk_engine as engine
 
 
-@triton.jit
-def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
+@triton.jit(do_not_specialize=["windowed"])
+def _block_keys(logits, stride, ends, starts, windowed, width, keys, keys_stride, keep_all,
                 BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
     """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
     (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
-    written words. EARLY: the engine (a programmatic dependent, waiting for this grid) may
-    launch now."""
+    written words. Blocks count from the row's window start (``starts[row]`` where ``windowed``,
+    else 0). EARLY: the engine (a programmatic dependent, waiting for this grid) may launch now."""
     if EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
-    n_cols = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
+    end = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
+    start = tl.where(windowed != 0, tl.minimum(tl.maximum(tl.load(starts + row), 0), end), 0)
+    n_cols = end - start
     n_blocks = tl.cdiv(n_cols, BLOCK)
     if (first < n_blocks) & (n_blocks > keep_all):  # the engine keeps rows of <= keep_all blocks unread
         b = first + tl.arange(0, BLOCKS)
         lane = tl.arange(0, BLOCK_P2)[None, :]
         cols = b[:, None] * BLOCK + lane
         inside = (b[:, None] < n_blocks) & (cols < n_cols) & (lane < BLOCK)
-        x = tl.load(logits + row.to(tl.int64) * stride + cols, mask=inside, other=float("-inf")).to(tl.float32)
+        x = tl.load(logits + row.to(tl.int64) * stride + start + cols, mask=inside, other=float("-inf"))
+        x = x.to(tl.float32)  # bf16 / fp16 widen exactly
         x = tl.max(tl.where(x != x, float("-inf"), x), axis=1)
         bits = x.to(tl.int32, bitcast=True)
         bits = tl.where(bits == -2147483648, 0, bits)  # -0.0 ties +0.0
@@ -43,8 +46,10 @@ def _block_keys(logits, stride, ends, width, keys, keys_stride, keep_all,
         tl.store(keys + row.to(tl.int64) * keys_stride + b, key, mask=b < (n_blocks + 3) // 4 * 4)
 
 
-def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, keep_all: int = 0) -> torch.Tensor:
-    """int32 [rows, ceil(width / block_size)] holding unsigned keys; only valid blocks written (and
+def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, keep_all: int = 0,
+               starts: torch.Tensor | None = None) -> torch.Tensor:
+    """int32 [rows, ceil(width / block_size)] holding unsigned keys of the blocks of each row's
+    window [starts, lengths) (from column 0 without ``starts``); only valid blocks written (and
     zeros up to the next 16 bytes), and none of a row of <= ``keep_all`` valid blocks (the engine
     keeps those without reading a key). Rows start 16-byte aligned (the row stride is padded to 4
     keys), so no copy of the engine reaches before a row's first key.
@@ -59,18 +64,19 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
-            logits, logits.stride(0), lengths, width, keys, keys.stride(0), keep_all,
+            logits, logits.stride(0), lengths, lengths if starts is None else starts, int(starts is not None), width,
+            keys, keys.stride(0), keep_all,
             BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
         )
     return keys
 
 
 def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int,
-                            out: torch.Tensor) -> None:
+                            out: torch.Tensor, row_starts: torch.Tensor | None = None) -> None:
     """The CUDA kernel of ``sparse_decode::select_candidate_blocks`` (arguments already checked)."""
     # The engine reads no key of a row of <= k blocks, nor of any row when k = 1 (the pinned one alone).
-    keys = block_keys(logits, lengths, block_size, keep_all=k if k > 1 else 1 << engine.ID_BITS)
-    engine.select(keys, lengths, logits.shape[1], block_size, k - 1, out, pinned=True)
+    keys = block_keys(logits, lengths, block_size, keep_all=k if k > 1 else 1 << engine.ID_BITS, starts=row_starts)
+    engine.select(keys, lengths, logits.shape[1], block_size, k - 1, out, pinned=True, starts=row_starts)
 
 
 def warm(device: torch.device) -> None:
@@ -81,3 +87,4 @@ def warm(device: torch.device) -> None:
         x = torch.zeros(1, 1 << 15, device=device, dtype=dtype)
         for block in (8, 64):
             block_keys(x, n, block)
+            block_keys(x, n, block, starts=n)

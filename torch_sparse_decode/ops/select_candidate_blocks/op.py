@@ -10,8 +10,8 @@ from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from . import reference
 
 
-def check_select_candidate_blocks(logits, lengths, block_size, k, out) -> None:
-    check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out)
+def check_select_candidate_blocks(logits, lengths, block_size, k, out, row_starts=None) -> None:
+    check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out, row_starts)
     check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
 
 
@@ -32,6 +32,7 @@ def select_candidate_blocks(
     block_size: int,
     k: int,
     *,
+    row_starts: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Candidate block selection for sparse-attention decode.
@@ -43,6 +44,10 @@ def select_candidate_blocks(
         block_size: columns per block, 1..256; row i has ``ceil(lengths[i] / block_size)``
             valid blocks, each scored by the max of its valid columns (NaN ignored).
         k: blocks to select, 1..4096.
+        row_starts: optional int32 [rows]: row i's window is columns ``[row_starts[i],
+            lengths[i])`` (the start clamped to [0, end]; at or past the end: an empty row), and
+            its blocks count from the window's start (block ``b`` covers columns
+            ``row_starts[i] + b * block_size`` on).
         out: optional int32 [rows, k] to write into.
 
     Returns:
@@ -53,5 +58,5 @@ def select_candidate_blocks(
     k = check_int(k, "k", 1, TOPK_MAX_K)
     if out is None:
         out = topk_out(logits, "logits", k)
-    torch.ops.sparse_decode.select_candidate_blocks(logits, lengths, block_size, k, out)
+    torch.ops.sparse_decode.select_candidate_blocks(logits, lengths, block_size, k, out, row_starts)
     return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...order import KEY_NONE, ascending_ids, canonical, clamped_lengths, prefix_keys, topk_by_key
+from ...order import KEY_NONE, ascending_ids, canonical, clamped_lengths, prefix_keys, topk_by_key, windows
 
 
 def block_scores(logits: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -24,9 +24,14 @@ def block_scores(logits: torch.Tensor, lengths: torch.Tensor, block_size: int) -
 
 
 def select_candidate_blocks(
-    logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int, out: torch.Tensor
+    logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int, out: torch.Tensor,
+    row_starts: torch.Tensor | None = None,
 ) -> None:
-    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded."""
+    """Newest valid block plus the best ``k - 1`` other valid blocks, ascending, -1 padded. With
+    ``row_starts``, the blocks of each row's window ``[row_starts, lengths)``, counted from its
+    start."""
+    if row_starts is not None:
+        logits, lengths = windows(logits, row_starts, lengths)
     width = logits.shape[1]
     scores = block_scores(logits, lengths, block_size)
     valid_blocks = (clamped_lengths(lengths, width) + block_size - 1) // block_size
