@@ -1,6 +1,6 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
-size class, and the DCP B' row writer (fp32 and bf16 scores) and merge (plain and symmetric-memory
-exchange) at the decode shapes. Run as a script (the test runs it in a subprocess without TRITON_INTERPRET,
+size class and logits dtype, the decode row lengths, and the DCP B' row writer (fp32 and bf16
+scores) and merge (plain and symmetric-memory exchange) at the decode shapes. Run as a script (the test runs it in a subprocess without TRITON_INTERPRET,
 which would replace the kernels by interpreted ones). Prints one line per configuration."""
 
 import sys
@@ -11,12 +11,14 @@ from triton.backends.compiler import GPUTarget
 from torch_sparse_decode.ops.dcp.config import dcp_merge_local_topk, rescue_row_slots
 from torch_sparse_decode.ops.dcp import merge_triton as dcp_merge_triton
 from torch_sparse_decode.ops.dcp import pack as dcp_pack
+from torch_sparse_decode.ops.decode_row_lengths import kernel as row_lengths
 from torch_sparse_decode.ops.select_candidate_blocks import kernel as blocks
 
 TARGET = GPUTarget("cuda", 90, 32)
 
-BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", width="i32", keys="*i32", keys_stride="i64",
-                  keep_all="i32", BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr", EARLY="constexpr")
+BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", starts="*i32", windowed="i32", width="i32", keys="*i32",
+                  keys_stride="i64", keep_all="i32", BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr",
+                  EARLY="constexpr")
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
                  parity_packed="i64", parity_rescue="i64",
@@ -41,9 +43,10 @@ def main() -> int:
     count = 0
     for block in (1, 3, 8, 64, 100, 256):
         block_p2 = triton.next_power_of_2(block)
-        build(blocks._block_keys, BLOCK_KEYS,
-              dict(BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1), EARLY=True))
-        count += 1
+        for logits in ("*fp32", "*bf16", "*fp16"):
+            build(blocks._block_keys, dict(BLOCK_KEYS, logits=logits),
+                  dict(BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1), EARLY=True))
+            count += 1
     for k, world_size in ((2048, 2), (2048, 16), (512, 4), (4096, 2)):
         n, slots = dcp_merge_local_topk(k, world_size), rescue_row_slots(k)
         for exchange in (False, True):
@@ -56,6 +59,9 @@ def main() -> int:
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,
                                               EXCHANGE=exchange))
             count += 2
+    build(row_lengths._row_lengths, dict(seq_lens="*i32", out="*i32", rows="i32", next_n="i32", ROWS="constexpr"),
+          dict(ROWS=row_lengths.ROWS))
+    count += 1
     print(f"compiled {count} configurations")
     return 0
 
