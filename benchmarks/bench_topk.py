@@ -87,6 +87,21 @@ def bench_windows(table: Table, rows: int, window: int, width: int, block_size: 
     table.add(name, f"{rows} x {window >> 10}K of {width >> 10}K", windowed, ours, f"{windowed / ours:.2f}")
 
 
+def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> None:
+    """indexer_topk_fused (KV slots through a page table, raw ids, values) beside plain
+    indexer_topk on the same rows (the bar: <= 0.5 us more)."""
+    sets = make_rows(rows, width)
+    gen = torch.Generator().manual_seed(rows)
+    pages = torch.randint(0, 1 << 20, (rows, -(-width // page_size)), generator=gen, dtype=torch.int32).cuda()
+    out, ids = (torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2))
+    values = torch.empty(rows, K, device="cuda")
+    plain = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk(*sets[i % len(sets)], K, out))
+    fused = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk_fused(*sets[i % len(sets)], K, out, ids, values,
+                                                                          pages, page_size))
+    table.add("indexer_topk_fused", f"{rows}x{width >> 10}K page {page_size}", fused, plain, f"{fused - plain:+.2f}",
+              "yes" if fused - plain <= 0.5 else "no")
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -113,6 +128,11 @@ def main() -> None:
                                     (8, 128 << 10, 1 << 20, 8)][: 1 if args.quick else None]:
         bench_windows(windows, rows, window, width, bs)
     windows.emit(args.results)
+    fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
+                  ["op", "shape", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])
+    for rows, width in [(8, 128 << 10), (64, 128 << 10)][: 1 if args.quick else None]:
+        bench_fused(fused, rows, width)
+    fused.emit(args.results)
 
 
 if __name__ == "__main__":

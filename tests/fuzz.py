@@ -34,8 +34,12 @@ from dcp_cases import canonical_rows
 from torch_sparse_decode import dcp
 from torch_sparse_decode.ops.dcp import reference
 from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as indexer_reference
+from torch_sparse_decode.ops.indexer_topk_fused.reference import indexer_topk_fused as indexer_fused_reference
 from torch_sparse_decode.ops.moe_route.reference import moe_route as moe_route_reference
 from torch_sparse_decode.ops.select_candidate_blocks.reference import select_candidate_blocks as blocks_reference
+from torch_sparse_decode.ops.select_candidate_blocks_fused.reference import (
+    select_candidate_blocks_fused as blocks_fused_reference,
+)
 
 OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
 WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12)  # how often each op is drawn
@@ -266,7 +270,10 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
                        ctas=tsd_engine().cluster_size(rows, keys, sms()))
     starts = draw_starts(rng, lengths) if rng.random() < 0.25 else None
-    case.params.update(windows=starts is not None)
+    fused = rng.random() < 0.25  # the output stage's KV slots / block table, raw ids and values
+    case.params.update(windows=starts is not None, fused=fused)
+    if fused:
+        return fused_case(rng, op, x, lengths, block, k, starts)
     got, want = poisoned((rows, k), torch.int32), poisoned((rows, k), torch.int32)
     if op == "blocks":
         tsd.select_candidate_blocks(x, lengths, block, k, row_starts=starts, out=got)
@@ -275,6 +282,29 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
         tsd.indexer_topk(x, lengths, k, row_starts=starts, out=got)
         indexer_reference(x, lengths, k, want, starts)
     return first_difference(got, want)
+
+
+def fused_case(rng: random.Random, op: str, x: torch.Tensor, lengths: torch.Tensor, block: int, k: int,
+               starts: torch.Tensor | None) -> str:
+    """The fused ops against their references: a random page (block) table, raw ids, values."""
+    rows, width = x.shape
+    page = 1 if op == "blocks" else rng.choice([1, 16, 64, 256])
+    units = -(-width // (block if op == "blocks" else page)) + rng.randint(0, 3)
+    table = torch.randint(0, (1 << 31) // page - 1, (rows, units), dtype=torch.int32, device=DEVICE)
+    outs = [poisoned((rows, k), torch.int32) for _ in range(4)]
+    if op == "blocks":
+        torch.ops.sparse_decode.select_candidate_blocks_fused(x, lengths, block, k, outs[0], outs[1], table, starts)
+        blocks_fused_reference(x, lengths, block, k, outs[2], outs[3], table, starts)
+        return first_difference(outs[0], outs[2]) or first_difference(outs[1], outs[3])
+    values = [poisoned((rows, k), x.dtype) for _ in range(2)]
+    ids = rng.random() < 0.5
+    torch.ops.sparse_decode.indexer_topk_fused(x, lengths, k, outs[0], outs[1] if ids else None, values[0], table,
+                                               page, starts)
+    indexer_fused_reference(x, lengths, k, outs[2], outs[3] if ids else None, values[1], table, page, starts)
+    same_values = torch.equal(values[0].isnan(), values[1].isnan()) and torch.equal(
+        values[0].nan_to_num(0.0), values[1].nan_to_num(0.0))
+    return (first_difference(outs[0], outs[2]) or (ids and first_difference(outs[1], outs[3]))
+            or ("" if same_values else "values differ"))
 
 
 def draw_starts(rng: random.Random, lengths: torch.Tensor) -> torch.Tensor:

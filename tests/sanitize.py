@@ -90,6 +90,31 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
         got = tsd.select_candidate_blocks(x.cuda(), ends.cuda(), 8, 2048, row_starts=starts.cuda())
         expect(f"blocks windows 6x{width} bs=8 k=2048", got,
                oracle.windowed(oracle.candidate_blocks, x, starts, ends, 8, 2048))
+    if "topk" in sections:  # the fused output stage: KV slots, raw ids, values; block tables
+        from torch_sparse_decode.ops.indexer_topk_fused import reference as fused
+        from torch_sparse_decode.ops.select_candidate_blocks_fused import reference as blocks_fused
+
+        width = 120001 if small else 300001
+        x = torch.randn(5, width, generator=gen).to(torch.bfloat16)
+        ends = torch.tensor([width, width - 7, 9000, 100, 0], dtype=torch.int32)
+        starts = torch.tensor([0, 3, 8000, 200, 0], dtype=torch.int32)
+        table = torch.randint(0, 1 << 20, (5, -(-width // 64) + 1), generator=gen, dtype=torch.int32)
+        for windows in (None, starts):
+            got = [torch.empty(5, 2048, dtype=torch.int32) for _ in range(2)] + [torch.empty(5, 2048, dtype=x.dtype)]
+            want = [torch.empty_like(t) for t in got]
+            cuda = [t.cuda() for t in got]
+            torch.ops.sparse_decode.indexer_topk_fused(x.cuda(), ends.cuda(), 2048, *cuda, table.cuda(), 64,
+                                                       None if windows is None else windows.cuda())
+            fused.indexer_topk_fused(x, ends, 2048, *want, table, 64, windows)
+            for name, g, w in zip(("slots", "ids", "values"), cuda, want):
+                expect(f"indexer fused {name} windows={windows is not None}", g.nan_to_num(0.0), w.nan_to_num(0.0))
+        blocks = torch.randint(0, 1 << 30, (5, -(-width // 8)), generator=gen, dtype=torch.int32)
+        got = [torch.empty(5, 2048, dtype=torch.int32, device="cuda") for _ in range(2)]
+        want = [torch.empty(5, 2048, dtype=torch.int32) for _ in range(2)]
+        torch.ops.sparse_decode.select_candidate_blocks_fused(x.cuda(), ends.cuda(), 8, 2048, *got, blocks.cuda())
+        blocks_fused.select_candidate_blocks_fused(x, ends, 8, 2048, *want, blocks)
+        expect("blocks fused table", got[0], want[0])
+        expect("blocks fused ids", got[1], want[1])
     for dtype in (torch.bfloat16, torch.float16) if "topk" in sections else ():
         for block in (1, 8, 64):
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)

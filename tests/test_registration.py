@@ -16,6 +16,8 @@ CUDA_KERNELS = {
     "select_candidate_blocks": "select_candidate_blocks.kernel",
     "indexer_topk": "indexer_topk.kernel",
     "decode_row_lengths": "decode_row_lengths.kernel",
+    "indexer_topk_fused": "indexer_topk_fused.kernel",
+    "select_candidate_blocks_fused": "select_candidate_blocks_fused.kernel",
     "dcp_pack": "dcp.kernel",
     "dcp_merge": "dcp.kernel",
     "dcp_topk_merge": "dcp.kernel",
@@ -42,6 +44,10 @@ def op_cases(device):
         "select_candidate_blocks": (logits, ends, 8, 10, torch.empty(3, 10, **i32)),
         "indexer_topk": (tokens, lengths, 16, torch.empty(3, 16, **i32)),
         "decode_row_lengths": (lengths, 2, torch.empty(6, **i32)),
+        "select_candidate_blocks_fused": (logits, ends, 8, 10, torch.empty(3, 10, **i32), torch.empty(3, 10, **i32),
+                                          torch.randint(0, 99, (3, 63), generator=gen).to(**i32)),
+        "indexer_topk_fused": (tokens, lengths, 16, torch.empty(3, 16, **i32), torch.empty(3, 16, **i32),
+                               torch.empty(3, 16, **f32), torch.randint(0, 99, (3, 26), generator=gen).to(**i32), 16),
         "dcp_pack": (tokens, lengths, 4, 1, 64, torch.empty_like(packed), torch.empty_like(rescue)),
         "dcp_merge": (gathered, rescues, 64, 2, *merged()),
         "dcp_local_keys": (tokens, lengths, 4, 1, 64, torch.empty(3, 64, dtype=torch.int64, device=device)),
@@ -162,6 +168,8 @@ bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths mus
 bad("indexer_topk", lambda a: (*a, a[1].long()), TypeError, "row_starts must have dtype int32")
 bad("select_candidate_blocks", lambda a: (*a, a[1][:2]), ValueError, "row_starts must have shape")
 bad("decode_row_lengths", _set(0, lambda t: t.long()), TypeError, "seq_lens must have dtype int32")
+bad("indexer_topk_fused", _set(6, lambda t: t[:, :24]), ValueError, "must cover the 400 columns")
+bad("indexer_topk_fused", _set(5, lambda t: t.half()), TypeError, "values must have dtype float32")
 bad("decode_row_lengths", _set(1, 1025), ValueError, r"next_n must be in \[1, 1024\]")
 bad("decode_row_lengths", _set(2, lambda t: t[:5]), ValueError, r"out must have shape \(6,\)")
 bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")

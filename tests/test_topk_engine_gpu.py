@@ -130,7 +130,8 @@ def test_one_read_path_taken_where_it_should_be():
     lengths = torch.full((2,), width, dtype=torch.int32)
     out = poisoned((2, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     n = lengths.cuda()
-    topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out)  # no window starts
+    none = torch.empty(0, 0, device="cuda")
+    topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out, out, out, 0, none, 0)
     ends = out[:, k + 1:].reshape(2, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu()
     gated, from_copies, first_digit = (ends[..., topk.PHASES.index(name)] > 0 for name in
                                        ("gated pass + index order", "digits from the copies", "first-digit pass"))

@@ -4,7 +4,9 @@ Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
 
 - ``moe_route``: MoE routing, top-k experts by score + bias with exact tie rules;
 - ``select_candidate_blocks``: candidate block selection over the valid prefix of decode rows;
-- ``indexer_topk``: exact token top-k of the DSA indexer;
+  ``select_candidate_blocks_fused``: the same, its block ids mapped through a block table;
+- ``indexer_topk``: exact token top-k of the DSA indexer; ``indexer_topk_fused``: the same, its
+  output stage also writing KV slots through a page table, the raw ids and the values;
 - ``decode_row_lengths``: the valid length of each query row of an MTP / next_n decode step;
 - ``dcp``: the decode-context-parallel top-K merge (pack, one-round merge with rescue, generic
   merge, process-group entry points and the seed's config helpers).
@@ -21,15 +23,20 @@ from . import dcp, ops, order  # noqa: F401  (ops registers every op)
 from ._library import register_warmup, registered_ops, run_warmups
 from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
+from .ops.indexer_topk_fused.op import FusedTopk, indexer_topk_fused
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
+from .ops.select_candidate_blocks_fused.op import select_candidate_blocks_fused
 
 __version__ = "0.1.0"
 
 __all__ = [
     "moe_route",
     "select_candidate_blocks",
+    "select_candidate_blocks_fused",
     "indexer_topk",
+    "indexer_topk_fused",
+    "FusedTopk",
     "decode_row_lengths",
     "dcp",
     "ops",

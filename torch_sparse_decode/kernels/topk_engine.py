@@ -214,6 +214,19 @@ class Regs:
     ids: cute.Tensor
 
 
+class Outputs(NamedTuple):
+    """Where a row's selected ids go: ``out``, through ``table`` when ``page`` > 0 (the KV slot
+    ``table[row, id // page] * page + id % page``; blocks: page 1); with bit 1 of ``want`` the raw
+    ids to ``raw`` too, with bit 2 the selected scores to ``values`` (token sources)."""
+
+    out: cute.Tensor
+    raw: cute.Tensor
+    table: cute.Tensor
+    page: Int32
+    values: cute.Tensor
+    want: Int32
+
+
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
@@ -230,8 +243,9 @@ class RadixTopk:
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
-                 block: Int32, k_sel: Int32, out: cute.Tensor, stream):
-        self.kernel(src, lengths, starts, windowed, cols, block, k_sel, out).launch(
+                 block: Int32, k_sel: Int32, out: cute.Tensor, raw: cute.Tensor, table: cute.Tensor, page: Int32,
+                 values: cute.Tensor, want: Int32, stream):
+        self.kernel(src, lengths, starts, windowed, cols, block, k_sel, out, raw, table, page, values, want).launch(
             grid=[self.ctas, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ctas, 1, 1],
             stream=stream, use_pdl=self.pinned,
         )
@@ -349,10 +363,11 @@ class RadixTopk:
         return added
 
     @cute.jit
-    def compact_tile(self, regs: Regs, t: Uint32, take: Int32, eq_before: Int32, ranked, out: cute.Tensor,
-                     row: Int32, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32):
+    def compact_tile(self, regs: Regs, t: Uint32, take: Int32, eq_before: Int32, ranked, o: Outputs,
+                     src: cute.Tensor, first: Int32, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32,
+                     tid: Int32):
         """Write the ids of a tile's keys > t and of the first ``take`` keys == t (``eq_before``
-        of them came earlier) into ``out`` after the ``written`` before them, in index order.
+        of them came earlier) to ``o`` after the ``written`` before them, in index order.
         Returns (kept, keys == t).
 
         Warps own contiguous parts of the tile, so a warp's offset is the sum of the lower warps'
@@ -384,8 +399,8 @@ class RadixTopk:
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
             at = slot + Int32(cute.arch.popc(ballot & lower))
-            if flags[i] & (at < out.shape[1]):  # exact counts never reach it; memory-safe if not
-                out[row, at] = ids[i]
+            if flags[i] & (at < o.out.shape[1]):  # exact counts never reach it; memory-safe if not
+                self.emit(o, src, row, first, at, ids[i])
             slot = slot + Int32(cute.arch.popc(ballot))
         return added, tile_tied
 
@@ -605,17 +620,36 @@ class RadixTopk:
             cute.arch.griddepcontrol_wait()
 
     @cute.jit
-    def keep_all(self, out: cute.Tensor, row: Int32, first: Int32, count: Int32, rank: Int32, tid: Int32):
-        """A row with nothing to select writes ids ``first .. first + count - 1`` then -1, whatever
-        the keys hold: a row of <= k_sel keys (blocks: besides the pinned newest) keeps every valid
-        id (first 0, count valid); with k_sel = 0 a pinned row keeps its newest block alone.
-        Nothing is read; the cluster's CTAs write interleaved stretches."""
-        for i in range(rank * THREADS + tid, out.shape[1], self.ctas * THREADS):
-            out[row, i] = cutlass.select_(i < count, first + i, Int32(-1))
+    def emit(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, at: Int32, id: Int32):
+        """Output slot ``at`` of the row: ``id`` (-1: padding, which maps to -1 and the value
+        -inf) and what ``o`` asks beside it. ``first``: the window's start in ``src``."""
+        mapped = id
+        if (o.page > 0) & (id >= 0):
+            mapped = o.table[row, id // o.page] * o.page + id % o.page
+        o.out[row, at] = mapped
+        if (o.want & 1) != 0:
+            o.raw[row, at] = id
+        if cutlass.const_expr(not self.pinned):
+            if (o.want & 2) != 0:
+                value = Float32(-Float32.inf).to(o.values.element_type)
+                if id >= 0:
+                    value = src[row, first + id]
+                o.values[row, at] = value
+
+    @cute.jit
+    def keep_all(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, first_id: Int32, count: Int32,
+                 rank: Int32, tid: Int32):
+        """A row with nothing to select writes ids ``first_id .. first_id + count - 1`` then -1,
+        whatever the keys hold: a row of <= k_sel keys (blocks: besides the pinned newest) keeps
+        every valid id (first_id 0, count valid); with k_sel = 0 a pinned row keeps its newest
+        block alone. No key is read; the cluster's CTAs write interleaved stretches."""
+        for i in range(rank * THREADS + tid, o.out.shape[1], self.ctas * THREADS):
+            self.emit(o, src, row, first, i, cutlass.select_(i < count, first_id + i, Int32(-1)))
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
-               block: Int32, k_sel: Int32, out: cute.Tensor):
+               block: Int32, k_sel: Int32, out: cute.Tensor, raw: cute.Tensor, table: cute.Tensor, page: Int32,
+               values: cute.Tensor, want: Int32):
         tid, _, _ = cute.arch.thread_idx()
         lane, warp = tid % 32, tid // 32
         rank, row, _ = cute.arch.block_idx()
@@ -664,12 +698,13 @@ class RadixTopk:
         span = Span(row_off, base, lo, hi, tiles)
         refetch = Boolean(True)  # False once the first pass has left the whole span in the ring
 
+        o = Outputs(out, raw, table, page, values, want)
         if (n <= k_sel) | (k_sel == 0):
             # Nothing to select: every valid id, or (k_sel = 0, blocks' k = 1) the pinned one alone.
-            first, count = Int32(0), valid
+            first_id, count = Int32(0), valid
             if k_sel == 0:
-                first, count = valid - 1, Int32(1 if self.pinned else 0)
-            self.keep_all(out, row, first, count, rank, tid)
+                first_id, count = valid - 1, Int32(1 if self.pinned else 0)
+            self.keep_all(o, src, row, first, first_id, count, rank, tid)
             self.wait_for_keys()  # never finish before the pre-pass (it reads the caller's tensors)
         else:
             self.wait_for_keys()
@@ -787,16 +822,16 @@ class RadixTopk:
                         at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
                         keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
                         ids[i] = buf_id[at]
-                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, out, row, written, counts,
-                                                    start // TILE % 2, tid)
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, src, first, row, written,
+                                                    counts, start // TILE % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied
             else:
                 self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
                     self.next_tile(src, ring, span, tile, refetch, regs, tid)
-                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, out, row, written, counts,
-                                                    tile % 2, tid)
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, src, first, row, written,
+                                                    counts, tile % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied
             self.mark(marks, "output")
@@ -805,10 +840,10 @@ class RadixTopk:
                 if cutlass.const_expr(self.pinned):
                     if valid > 0:
                         if (tid == 0) & (out_total < out.shape[1]):
-                            out[row, out_total] = valid - 1
+                            self.emit(o, src, row, first, out_total, valid - 1)
                         pad_from = out_total + 1
                 for i in range(pad_from + tid, out.shape[1], THREADS):
-                    out[row, i] = Int32(-1)
+                    self.emit(o, src, row, first, i, Int32(-1))
             cluster_sync(self.ctas)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, "padding + last barrier")
@@ -853,24 +888,41 @@ def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, 
     src = fake_tensor(dtype, (rows, width), (cute.sym_int64(), 1))
     lengths = fake_tensor(Int32, (rows,), (1,))
     starts = fake_tensor(Int32, (rows,), (1,))
-    out = fake_tensor(Int32, (rows, cute.sym_int()), (cute.sym_int64(), 1))
+    out, raw, table = (fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) for _ in range(3))
+    values = fake_tensor(dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
     engine = RadixTopk(dtype, pinned, ctas, ord16, profile)
-    return cute.compile(engine, src, lengths, starts, Int32(0), Int32(0), Int32(1), Int32(1), out, fake_stream(),
-                        options="--enable-tvm-ffi")
+    return cute.compile(engine, src, lengths, starts, Int32(0), Int32(0), Int32(1), Int32(1), out, raw, table,
+                        Int32(0), values, Int32(0), fake_stream(), options="--enable-tvm-ffi")
+
+
+_NONE: dict = {}  # (device, dtype) -> an empty [0, 0] tensor: the kernel's stand-in for an absent output
+
+
+def _none(like: torch.Tensor) -> torch.Tensor:
+    key = (like.device, like.dtype)
+    if key not in _NONE:
+        _NONE[key] = torch.empty(0, 0, dtype=like.dtype, device=like.device)  # no memory: graph-safe
+    return _NONE[key]
 
 
 def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
-           pinned: bool, ord16: bool = False, starts: torch.Tensor | None = None) -> None:
+           pinned: bool, ord16: bool = False, starts: torch.Tensor | None = None, table: torch.Tensor | None = None,
+           page: int = 0, raw: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
     """Row r selects over columns [starts[r], lengths[r]) (clamped to [0, cols]; without
     ``starts``, from 0), ids counted from the window's start. Token sources are read from there;
-    block keys (``pinned``) hold the window's blocks from 0."""
+    block keys (``pinned``) hold the window's blocks from 0. With ``table`` and ``page`` > 0,
+    ``out`` gets each id through the table (``Outputs``); ``raw`` the ids themselves; ``values``
+    (token sources) the selected scores."""
     rows = out.shape[0]
     if rows == 0:
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     windowed = starts is not None
-    compiled(src.dtype, pinned, ctas, ord16)(src, lengths, starts if windowed else lengths, int(windowed), cols, block,
-                                             k_sel, out)
+    want = int(raw is not None) | 2 * int(values is not None)
+    compiled(src.dtype, pinned, ctas, ord16)(
+        src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
+        _none(out) if raw is None else raw, _none(out) if table is None else table, page if table is not None else 0,
+        _none(src) if values is None else values, want)
 
 
 def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:

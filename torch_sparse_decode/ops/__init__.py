@@ -3,4 +3,12 @@
 registration and Python wrapper) and ``kernel.py`` (the CUDA kernel). Importing this registers
 them all."""
 
-from . import dcp, decode_row_lengths, indexer_topk, moe_route, select_candidate_blocks  # noqa: F401
+from . import (  # noqa: F401
+    dcp,
+    decode_row_lengths,
+    indexer_topk,
+    indexer_topk_fused,
+    moe_route,
+    select_candidate_blocks,
+    select_candidate_blocks_fused,
+)

@@ -1,0 +1,110 @@
+"""indexer_topk_fused: the KV slots through a page table, the raw positions and the values,
+against the positions of the oracle mapped by hand, on every path of the engine (rows of <= k
+keys, two passes, one read, windows), every score dtype, ties and NaN."""
+
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import DEVICES, poisoned, scores
+
+
+def page_table(rows: int, width: int, page_size: int, seed: int) -> torch.Tensor:
+    pages = -(-width // page_size) + 1  # one spare page: tables may be wider than the row
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(rows * pages, generator=gen)[:pages] for _ in range(rows)]).to(torch.int32)
+
+
+def by_hand(x, lengths, k, table, page_size, starts=None):
+    """(slots, positions, values) from the oracle's positions."""
+    rows, width = x.shape
+    if starts is None:
+        ids = oracle.topk_tokens(x.float(), lengths, k)
+        starts = torch.zeros(rows, dtype=torch.int32)
+    else:
+        ids = oracle.windowed(oracle.topk_tokens, x.float(), starts, lengths, k)
+    slots = torch.full_like(ids, -1)
+    values = torch.full((rows, k), float("-inf"), dtype=x.dtype)
+    for r in range(rows):
+        first = min(max(int(starts[r]), 0), min(max(int(lengths[r]), 0), width))
+        for j, p in enumerate(ids[r].tolist()):
+            if p >= 0:
+                slots[r, j] = int(table[r, p // page_size]) * page_size + p % page_size
+                values[r, j] = x[r, first + p]
+    return slots, ids, values
+
+
+def run(x, lengths, k, table, page_size, device, starts=None):
+    rows = x.shape[0]
+    out, ids = poisoned((rows, k), torch.int32, device), poisoned((rows, k), torch.int32, device)
+    values = poisoned((rows, k), x.dtype, device)
+    torch.ops.sparse_decode.indexer_topk_fused(x.to(device), lengths.to(device), k, out, ids, values,
+                                               table.to(device), page_size,
+                                               None if starts is None else starts.to(device))
+    return out.cpu(), ids.cpu(), values.cpu()
+
+
+def check(x, lengths, k, page_size, device, starts=None, seed=0):
+    table = page_table(x.shape[0], x.shape[1], page_size, seed)
+    got = run(x, lengths, k, table, page_size, device, starts)
+    want = by_hand(x, lengths, k, table, page_size, starts)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    torch.testing.assert_close(got[2], want[2], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "tiny_negative"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_slots_ids_and_values(device, kind, page_size, dtype):
+    width, k = 3000, 100
+    lengths = torch.tensor([0, 1, k - 1, k, k + 1, width, width - 7, 1500], dtype=torch.int32)
+    check(scores(kind, (lengths.numel(), width), seed=page_size).to(dtype), lengths, k, page_size, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k,width", [(2048, 40000), (2048, 300000), (4096, 1 << 20)])
+def test_long_rows(device, k, width):
+    """The two-pass and the one-read paths (and their copy-based output stage)."""
+    lengths = torch.tensor([width, width // 2 + 3, k + 5], dtype=torch.int32)
+    x = scores("random", (3, width), seed=k)
+    x[1] = torch.arange(width).flip(0).float()
+    check(x, lengths, k, 64, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_windows(device):
+    width, k = 20000, 512
+    starts = torch.tensor([0, 1, 7, 10000, 19999, 20000, -3], dtype=torch.int32)
+    ends = torch.tensor([20000, 20000, 7 + k, 20000, 20000, 20000, 600], dtype=torch.int32)
+    check(scores("few_distinct", (7, width), seed=5), ends, k, 16, device, starts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrapper_outputs(device):
+    x = torch.randn(2, 500, generator=torch.Generator().manual_seed(2)).to(device)
+    n = torch.tensor([500, 20], dtype=torch.int32, device=device)
+    table = page_table(2, 500, 16, 3).to(device)
+    plain = tsd.indexer_topk_fused(x, n, 32)
+    assert torch.equal(plain.out, tsd.indexer_topk(x, n, 32)) and plain.ids is None and plain.values is None
+    paged = tsd.indexer_topk_fused(x, n, 32, page_table=table, page_size=16, ids=True, values=True)
+    assert torch.equal(paged.ids, plain.out)
+    want = by_hand(x.cpu(), n.cpu(), 32, table.cpu(), 16)
+    assert torch.equal(paged.out.cpu(), want[0]) and torch.equal(paged.values.cpu(), want[2])
+
+
+def test_bad_arguments():
+    x, n = torch.randn(2, 100), torch.tensor([100, 5], dtype=torch.int32)
+    out, ids = torch.empty(2, 8, dtype=torch.int32), torch.empty(2, 8, dtype=torch.int32)
+    op = torch.ops.sparse_decode.indexer_topk_fused
+    with pytest.raises(ValueError, match="pass page_table too"):
+        op(x, n, 8, out, ids, None, None, 0)
+    with pytest.raises(ValueError, match="must cover the 100 columns"):
+        op(x, n, 8, out, None, None, torch.zeros(2, 6, dtype=torch.int32), 16)
+    with pytest.raises(ValueError, match="page_size must be in"):
+        op(x, n, 8, out, None, None, torch.zeros(2, 6, dtype=torch.int32), 0)
+    with pytest.raises(TypeError, match="values must have dtype float32"):
+        op(x, n, 8, out, None, torch.empty(2, 8, dtype=torch.float16), None, 0)
+    with pytest.raises(ValueError, match="ids must not overlap out|out must not overlap ids"):
+        op(x, n, 8, out, out, None, torch.zeros(2, 7, dtype=torch.int32), 16)

@@ -1,0 +1,3 @@
+"""``indexer_topk_fused``: reference, registration and wrapper (``op``), CUDA kernel (``kernel``)."""
+
+from . import op  # noqa: F401  (registers the op)

@@ -1,0 +1,96 @@
+"""``sparse_decode::indexer_topk_fused``: its argument check, its registration and its Python
+wrapper."""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from ..._library import INT32, check_int, check_no_overlap, check_same_device, check_shape, check_tensor, \
+    check_topk_rows, define_op
+from ...limits import TOPK_MAX_K
+from . import reference
+
+
+def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, page_size, row_starts=None) -> None:
+    check_topk_rows(scores, "scores", (torch.float32, torch.bfloat16, torch.float16), lengths, k, out, row_starts)
+    rows, width = scores.shape
+    outputs = {"out": out}
+    if page_table is None:
+        if ids is not None:
+            raise ValueError("ids (the raw positions) go beside the KV slots: pass page_table too")
+        if page_size != 0:
+            raise ValueError(f"page_size must be 0 without a page_table, got {page_size}")
+    else:
+        check_tensor(page_table, "page_table", dtypes=INT32, ndim=2, contiguous=False, inner_contiguous=True)
+        if page_table.shape[0] != rows:
+            raise ValueError(f"page_table must have {rows} rows (one per scores row), got {page_table.shape[0]}")
+        check_int(page_size, "page_size", 1, 1 << 20)
+        if page_table.shape[1] * page_size < width:
+            raise ValueError(f"page_table's {page_table.shape[1]} pages of {page_size} must cover the {width} "
+                             f"columns of scores")
+        check_same_device(scores, "scores", page_table=page_table)
+        if ids is not None:
+            check_tensor(ids, "ids", dtypes=INT32, ndim=2)
+            check_shape(ids, "ids", (rows, k))
+            check_same_device(scores, "scores", ids=ids)
+            outputs["ids"] = ids
+    if values is not None:
+        check_tensor(values, "values", dtypes=(scores.dtype,), ndim=2)
+        check_shape(values, "values", (rows, k))
+        check_same_device(scores, "scores", values=values)
+        outputs["values"] = values
+    check_no_overlap(outputs, {"scores": scores, "lengths": lengths, "page_table": page_table,
+                               "row_starts": row_starts})
+
+
+def _kernel():
+    from . import kernel
+
+    return kernel
+
+
+define_op("indexer_topk_fused", ("out", "ids", "values"), check_indexer_topk_fused, cuda=_kernel)(
+    reference.indexer_topk_fused
+)
+
+
+class FusedTopk(NamedTuple):
+    """``indexer_topk_fused``'s outputs: ``out`` (the KV slots, or the positions without a page
+    table), and where asked for, the raw positions and the selected scores."""
+
+    out: torch.Tensor
+    ids: Optional[torch.Tensor]
+    values: Optional[torch.Tensor]
+
+
+def indexer_topk_fused(
+    scores: torch.Tensor,
+    lengths: torch.Tensor,
+    k: int,
+    *,
+    page_table: torch.Tensor | None = None,
+    page_size: int = 0,
+    ids: bool = False,
+    values: bool = False,
+    row_starts: torch.Tensor | None = None,
+) -> FusedTopk:
+    """``indexer_topk`` with its outputs fused into the selection's output stage (one launch):
+
+    - with ``page_table`` (int32 [rows, pages]) and ``page_size``: the KV slots of the selected
+      positions, ``page_table[i, p // page_size] * page_size + p % page_size``, ascending by
+      position, -1 padded (int32 arithmetic: the caller's slots fit int32);
+    - ``ids=True`` (with a page table): the raw positions too;
+    - ``values=True``: the selected scores in the scores' dtype, -inf at the padding.
+
+    Positions are those of ``indexer_topk`` (counted from ``row_starts`` where given).
+    """
+    k = check_int(k, "k", 1, TOPK_MAX_K)
+    rows = scores.shape[0] if isinstance(scores, torch.Tensor) and scores.dim() >= 1 else 0
+    device = scores.device if isinstance(scores, torch.Tensor) else None
+    out = torch.empty(rows, k, dtype=torch.int32, device=device)
+    raw = torch.empty(rows, k, dtype=torch.int32, device=device) if ids else None
+    picked = torch.empty(rows, k, dtype=scores.dtype, device=device) if values else None
+    torch.ops.sparse_decode.indexer_topk_fused(scores, lengths, k, out, raw, picked, page_table, page_size, row_starts)
+    return FusedTopk(out, raw, picked)
