@@ -105,8 +105,28 @@ def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> Non
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    p.add_argument("--tables", default="main,windows,fused", help="which tables to run, comma-separated")
     args = p.parse_args()
+    tables = set(args.tables.split(","))
     dtype = getattr(torch, args.dtype)
+    if "main" in tables:
+        main_table(args, dtype)
+    if "windows" in tables:
+        windows = Table(f"row_starts: windows at random starts vs plain rows of the window's length, k={K}",
+                        ["op", "windows", "windows (us)", "plain rows (us)", "ratio"])
+        for rows, window, width, bs in [(8, 128 << 10, 256 << 10, 0), (64, 128 << 10, 256 << 10, 0),
+                                        (8, 128 << 10, 1 << 20, 8)][: 1 if args.quick else None]:
+            bench_windows(windows, rows, window, width, bs)
+        windows.emit(args.results)
+    if "fused" in tables:
+        fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
+                      ["op", "shape", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])
+        for rows, width in [(8, 128 << 10), (64, 128 << 10)][: 1 if args.quick else None]:
+            bench_fused(fused, rows, width)
+        fused.emit(args.results)
+
+
+def main_table(args, dtype) -> None:
     measured, bandwidth = floor_bandwidth_tbs()
     table = Table(
         f"select_candidate_blocks / indexer_topk, k={K} (copy bandwidth: measured {measured:.2f} TB/s, "
@@ -122,17 +142,6 @@ def main() -> None:
     for rows, width in token_shapes:
         bench_tokens(table, bandwidth, rows, width, dtype)
     table.emit(args.results)
-    windows = Table(f"row_starts: windows at random starts vs plain rows of the window's length, k={K}",
-                    ["op", "windows", "windows (us)", "plain rows (us)", "ratio"])
-    for rows, window, width, bs in [(8, 128 << 10, 256 << 10, 0), (64, 128 << 10, 256 << 10, 0),
-                                    (8, 128 << 10, 1 << 20, 8)][: 1 if args.quick else None]:
-        bench_windows(windows, rows, window, width, bs)
-    windows.emit(args.results)
-    fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
-                  ["op", "shape", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])
-    for rows, width in [(8, 128 << 10), (64, 128 << 10)][: 1 if args.quick else None]:
-        bench_fused(fused, rows, width)
-    fused.emit(args.results)
 
 
 if __name__ == "__main__":
