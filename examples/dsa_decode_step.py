@@ -6,9 +6,10 @@ One step for a batch of requests, each with its own length in a paged cache:
 
 1. the lightning indexer's scores in torch: ``sum_h w[h] * relu(q_h . k_t)`` over the request's
    cached indexer keys;
-2. ``tsd.indexer_topk``: the exact top-k positions of each request's valid prefix;
-3. the positions' KV slots through the page table (``page * page_size + offset``), and a gather of
-   the selected latent KV;
+2. ``tsd.indexer_topk_fused``: the exact top-k positions of each request's valid prefix, written
+   as KV slots through the page table (``page_table[r, pos // page_size] * page_size + pos %
+   page_size``) in the same launch;
+3. a gather of the selected latent KV;
 4. attention over the selected tokens only (``scaled_dot_product_attention``, the -1 padding
    masked);
 5. ``tsd.moe_route`` on the step's router scores (DeepSeek-V3's grouped routing: 256 experts in 8
@@ -85,15 +86,12 @@ class DecodeStep(torch.nn.Module):
         logits = torch.einsum("bhd,btd->bht", q_index, keys)
         scores = (w_index[:, :, None] * torch.relu(logits)).sum(dim=1)  # [B, T] fp32
 
-        # 2. The exact top-k positions, ascending, -1 padded.
-        ids = tsd.indexer_topk(scores, seq_lens, cfg.topk)
-
-        # 3. Positions to KV slots through the page table, then the selected latent KV.
-        valid = ids >= 0
-        pos = ids.clamp(min=0).long()
-        pages = torch.gather(self.page_table.long(), 1, pos // cfg.page_size)
-        slots = torch.where(valid, pages * cfg.page_size + pos % cfg.page_size, -1)
-        kv = self.kv_cache.view(-1, cfg.latent)[slots.clamp(min=0)]  # [B, topk, latent]
+        # 2-3. The exact top-k positions (ascending, -1 padded), written as KV slots through the
+        # page table by the selection's own output stage; then the selected latent KV.
+        slots = tsd.indexer_topk_fused(scores, seq_lens, cfg.topk, page_table=self.page_table,
+                                       page_size=cfg.page_size).out
+        valid = slots >= 0
+        kv = self.kv_cache.view(-1, cfg.latent)[slots.clamp(min=0).long()]  # [B, topk, latent]
 
         # 4. Attention over the selected tokens (MLA-style: the latent is both key and value).
         mask = valid[:, None, None, :]  # [B, 1, 1, topk]
@@ -102,7 +100,7 @@ class DecodeStep(torch.nn.Module):
         # 5. The MoE router: sigmoid scores, DeepSeek-V3's grouped routing.
         router = torch.sigmoid(hidden @ self.gate.T)
         weights, experts = tsd.moe_route(router, self.bias, 8, scale=2.5, num_expert_group=8, topk_group=4)
-        return out[:, :, 0], slots.to(torch.int32), weights, experts
+        return out[:, :, 0], slots, weights, experts
 
 
 def timed(fn, *args, repeats: int = 20) -> float:

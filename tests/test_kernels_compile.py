@@ -35,8 +35,9 @@ def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, ke
 def test_topk_engine_compiles(source, ranks):
     """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values):
     block keys with the pinned block, scores by their full bits, and scores by their bf16 ord16
-    (the DCP pack)."""
+    (the DCP pack); and each with the fused outputs (KV slots, raw ids, values)."""
     assert topk.compiled(source, source is torch.int32, ranks) is not None
+    assert topk.compiled(source, source is torch.int32, ranks, fused=True) is not None
     if source in (torch.float32, torch.bfloat16):
         assert topk.compiled(source, False, ranks, ord16=True) is not None
 

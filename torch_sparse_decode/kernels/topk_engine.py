@@ -228,11 +228,13 @@ class Outputs(NamedTuple):
 
 
 class RadixTopk:
-    """The engine for one static configuration: source dtype, pinned id or not, cluster size, and
-    whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits."""
+    """The engine for one static configuration: source dtype, pinned id or not, cluster size,
+    whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits,
+    and whether the output stage reads ``Outputs``' runtime fields (``fused``) or writes ids alone."""
 
-    def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
-        self.source, self.pinned, self.ctas, self.ord16 = source, pinned, ctas, ord16
+    def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
+                 fused: bool = False):
+        self.source, self.pinned, self.ctas, self.ord16, self.fused = source, pinned, ctas, ord16, fused
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
     @cute.jit
@@ -396,13 +398,48 @@ class RadixTopk:
                 eq_run = eq_run + Int32(cute.arch.popc(ballot))
             kept_n = kept_n + Int32(cute.arch.popc(ballot_of(flags[i])))
         slot, added = warp_offset(counts, kept_n, kept_at, written, tid)
+        ats = cute.make_rmem_tensor(PER, Int32)
         for i in cutlass.range_constexpr(PER):
             ballot = ballot_of(flags[i])
-            at = slot + Int32(cute.arch.popc(ballot & lower))
-            if flags[i] & (at < o.out.shape[1]):  # exact counts never reach it; memory-safe if not
-                self.emit(o, src, row, first, at, ids[i])
+            ats[i] = slot + Int32(cute.arch.popc(ballot & lower))
             slot = slot + Int32(cute.arch.popc(ballot))
+        self.emit_tile(o, src, row, first, flags, ats, ids)
         return added, tile_tied
+
+    @cute.jit
+    def emit_tile(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, flags, ats, ids):
+        """Output slot ``ats[i]`` of the row gets ``ids[i]`` where ``flags[i]`` (what ``o`` asks
+        beside it in a fused build). Every load (page table, score) is issued before the first
+        store, unpredicated at clamped addresses, so a tile waits for memory once, not PER times."""
+        width = o.out.shape[1]
+        if cutlass.const_expr(not self.fused):
+            for i in cutlass.range_constexpr(PER):
+                if flags[i] & (ats[i] < width):  # exact counts never reach it; memory-safe if not
+                    o.out[row, ats[i]] = ids[i]
+        else:
+            mapped = cute.make_rmem_tensor(PER, Int32)
+            for i in cutlass.range_constexpr(PER):
+                mapped[i] = ids[i]
+            if o.page > 0:
+                last = o.table.shape[1] - 1
+                for i in cutlass.range_constexpr(PER):  # unflagged ids may be stale: clamp them
+                    mapped[i] = o.table[row, min(max(ids[i], Int32(0)) // o.page, last)]
+                for i in cutlass.range_constexpr(PER):
+                    mapped[i] = mapped[i] * o.page + ids[i] % o.page
+            if cutlass.const_expr(not self.pinned):
+                picked = cute.make_rmem_tensor(PER, o.values.element_type)
+                if (o.want & 2) != 0:
+                    end = src.shape[1] - 1
+                    for i in cutlass.range_constexpr(PER):
+                        picked[i] = src[row, min(max(first + ids[i], Int32(0)), end)]
+            for i in cutlass.range_constexpr(PER):
+                if flags[i] & (ats[i] < width):
+                    o.out[row, ats[i]] = mapped[i]
+                    if (o.want & 1) != 0:
+                        o.raw[row, ats[i]] = ids[i]
+                    if cutlass.const_expr(not self.pinned):
+                        if (o.want & 2) != 0:
+                            o.values[row, ats[i]] = picked[i]
 
     @cute.jit
     def find_digit(self, sm: Scratch, base: Int32, need: Int32, tid: Int32, local: cutlass.Constexpr[bool] = False):
@@ -622,19 +659,23 @@ class RadixTopk:
     @cute.jit
     def emit(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, at: Int32, id: Int32):
         """Output slot ``at`` of the row: ``id`` (-1: padding, which maps to -1 and the value
-        -inf) and what ``o`` asks beside it. ``first``: the window's start in ``src``."""
-        mapped = id
-        if (o.page > 0) & (id >= 0):
-            mapped = o.table[row, id // o.page] * o.page + id % o.page
-        o.out[row, at] = mapped
-        if (o.want & 1) != 0:
-            o.raw[row, at] = id
-        if cutlass.const_expr(not self.pinned):
-            if (o.want & 2) != 0:
-                value = Float32(-Float32.inf).to(o.values.element_type)
-                if id >= 0:
-                    value = src[row, first + id]
-                o.values[row, at] = value
+        -inf) and what ``o`` asks beside it in a fused build. ``first``: the window's start in
+        ``src``. For the short stretches (keep_all, padding); tiles go through ``emit_tile``."""
+        if cutlass.const_expr(not self.fused):
+            o.out[row, at] = id
+        else:
+            mapped = id
+            if (o.page > 0) & (id >= 0):
+                mapped = o.table[row, id // o.page] * o.page + id % o.page
+            o.out[row, at] = mapped
+            if (o.want & 1) != 0:
+                o.raw[row, at] = id
+            if cutlass.const_expr(not self.pinned):
+                if (o.want & 2) != 0:
+                    value = Float32(-Float32.inf).to(o.values.element_type)
+                    if id >= 0:
+                        value = src[row, first + id]
+                    o.values[row, at] = value
 
     @cute.jit
     def keep_all(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, first_id: Int32, count: Int32,
@@ -880,9 +921,10 @@ def sm_count(device: torch.device) -> int:
 
 
 @cached_kernel("topk_engine")
-def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False):
-    """The engine at one (source dtype, pinned, cluster size, ord16 keys, profile marks), from fake
-    tensors (no GPU needed)."""
+def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
+             fused: bool = False):
+    """The engine at one (source dtype, pinned, cluster size, ord16 keys, profile marks, fused
+    outputs), from fake tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     dtype = SOURCES[source]
     src = fake_tensor(dtype, (rows, width), (cute.sym_int64(), 1))
@@ -890,7 +932,7 @@ def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, 
     starts = fake_tensor(Int32, (rows,), (1,))
     out, raw, table = (fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) for _ in range(3))
     values = fake_tensor(dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
-    engine = RadixTopk(dtype, pinned, ctas, ord16, profile)
+    engine = RadixTopk(dtype, pinned, ctas, ord16, profile, fused)
     return cute.compile(engine, src, lengths, starts, Int32(0), Int32(0), Int32(1), Int32(1), out, raw, table,
                         Int32(0), values, Int32(0), fake_stream(), options="--enable-tvm-ffi")
 
@@ -919,7 +961,8 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     windowed = starts is not None
     want = int(raw is not None) | 2 * int(values is not None)
-    compiled(src.dtype, pinned, ctas, ord16)(
+    fused = table is not None or want != 0
+    compiled(src.dtype, pinned, ctas, ord16, fused=fused)(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
         _none(out) if raw is None else raw, _none(out) if table is None else table, page if table is not None else 0,
         _none(src) if values is None else values, want)
@@ -936,5 +979,6 @@ def warm() -> None:
     for ctas in CLUSTER_SIZES:
         for source in SOURCES:
             compiled(source, source is torch.int32, ctas)
+            compiled(source, source is torch.int32, ctas, fused=True)
         for source in (torch.float32, torch.bfloat16):
             compiled(source, False, ctas, ord16=True)
