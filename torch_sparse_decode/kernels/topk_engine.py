@@ -403,11 +403,11 @@ class RadixTopk:
             ballot = ballot_of(flags[i])
             ats[i] = slot + Int32(cute.arch.popc(ballot & lower))
             slot = slot + Int32(cute.arch.popc(ballot))
-        self.emit_tile(o, src, row, first, flags, ats, ids)
+        self.emit_tile(o, src, row, first, flags, ats, ids, kept_n)
         return added, tile_tied
 
     @cute.jit
-    def emit_tile(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, flags, ats, ids):
+    def emit_tile(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, flags, ats, ids, kept_n: Int32):
         """Output slot ``ats[i]`` of the row gets ``ids[i]`` where ``flags[i]`` (what ``o`` asks
         beside it in a fused build). Every load (page table, score) is issued before the first
         store, unpredicated at clamped addresses, so a tile waits for memory once, not PER times."""
@@ -416,25 +416,20 @@ class RadixTopk:
             for i in cutlass.range_constexpr(PER):
                 if flags[i] & (ats[i] < width):  # exact counts never reach it; memory-safe if not
                     o.out[row, ats[i]] = ids[i]
-        else:
-            mapped = cute.make_rmem_tensor(PER, Int32)
-            for i in cutlass.range_constexpr(PER):
-                mapped[i] = ids[i]
-            if o.page > 0:
-                last = o.table.shape[1] - 1
-                for i in cutlass.range_constexpr(PER):  # unflagged ids may be stale: clamp them
-                    mapped[i] = o.table[row, min(max(ids[i], Int32(0)) // o.page, last)]
-                for i in cutlass.range_constexpr(PER):
-                    mapped[i] = mapped[i] * o.page + ids[i] % o.page
-            if cutlass.const_expr(not self.pinned):
-                picked = cute.make_rmem_tensor(PER, o.values.element_type)
-                if (o.want & 2) != 0:
-                    end = src.shape[1] - 1
-                    for i in cutlass.range_constexpr(PER):
-                        picked[i] = src[row, min(max(first + ids[i], Int32(0)), end)]
+        elif kept_n > 0:  # warp-uniform: a re-pass's tiles mostly keep nothing
+            # Both gathers in one block, unpredicated at clamped addresses, so they overlap: the
+            # table is always readable (without a page table it is ``out``, and unused).
+            last, end, per_page = o.table.shape[1] - 1, src.shape[1] - 1, max(o.page, Int32(1))
+            entries = cute.make_rmem_tensor(PER, Int32)
+            picked = cute.make_rmem_tensor(PER, src.element_type)
+            for i in cutlass.range_constexpr(PER):  # unflagged ids may be stale: clamp them
+                entries[i] = o.table[row, min(max(ids[i], Int32(0)) // per_page, last)]
+                if cutlass.const_expr(not self.pinned):
+                    picked[i] = src[row, min(max(first + ids[i], Int32(0)), end)]
             for i in cutlass.range_constexpr(PER):
                 if flags[i] & (ats[i] < width):
-                    o.out[row, ats[i]] = mapped[i]
+                    o.out[row, ats[i]] = cutlass.select_(o.page > 0, entries[i] * per_page + ids[i] % per_page,
+                                                         ids[i])
                     if (o.want & 1) != 0:
                         o.raw[row, ats[i]] = ids[i]
                     if cutlass.const_expr(not self.pinned):
@@ -964,7 +959,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     fused = table is not None or want != 0
     compiled(src.dtype, pinned, ctas, ord16, fused=fused)(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
-        _none(out) if raw is None else raw, _none(out) if table is None else table, page if table is not None else 0,
+        _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
         _none(src) if values is None else values, want)
 
 
