@@ -174,6 +174,15 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return first, first + (sum(abs(r) for r in reach) + 1) * item
 
 
+def check_output(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int], like: torch.Tensor,
+                 like_name: str) -> torch.Tensor:
+    """An output tensor of ``dtype`` and ``shape`` on ``like``'s device."""
+    check_tensor(t, name, dtypes=(dtype,), ndim=len(shape))
+    check_shape(t, name, shape)
+    check_same_device(like, like_name, **{name: t})
+    return t
+
+
 def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
     """No output shares memory with another output or with an input (an op writes its outputs in
     any order, so an alias would give a wrong answer). Skipped for tensors without storage (the

@@ -7,7 +7,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..._library import INT32, check_int, check_no_overlap, check_same_device, check_shape, check_tensor, \
+from ..._library import INT32, check_int, check_no_overlap, check_output, check_same_device, check_tensor, \
     check_topk_rows, define_op
 from ...limits import TOPK_MAX_K
 from . import reference
@@ -32,15 +32,9 @@ def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, p
                              f"columns of scores")
         check_same_device(scores, "scores", page_table=page_table)
         if ids is not None:
-            check_tensor(ids, "ids", dtypes=INT32, ndim=2)
-            check_shape(ids, "ids", (rows, k))
-            check_same_device(scores, "scores", ids=ids)
-            outputs["ids"] = ids
+            outputs["ids"] = check_output(ids, "ids", torch.int32, (rows, k), scores, "scores")
     if values is not None:
-        check_tensor(values, "values", dtypes=(scores.dtype,), ndim=2)
-        check_shape(values, "values", (rows, k))
-        check_same_device(scores, "scores", values=values)
-        outputs["values"] = values
+        outputs["values"] = check_output(values, "values", scores.dtype, (rows, k), scores, "scores")
     check_no_overlap(outputs, {"scores": scores, "lengths": lengths, "page_table": page_table,
                                "row_starts": row_starts})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import INT32, SCORE_DTYPES, check_int, check_no_overlap, check_same_device, check_shape, \
+from ..._library import INT32, SCORE_DTYPES, check_int, check_no_overlap, check_output, check_same_device, \
     check_tensor, check_topk_rows, define_op
 from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from ..indexer_topk_fused.op import FusedTopk
@@ -25,10 +25,7 @@ def check_select_candidate_blocks_fused(logits, lengths, block_size, k, out, ids
     check_same_device(logits, "logits", block_table=block_table)
     outputs = {"out": out}
     if ids is not None:
-        check_tensor(ids, "ids", dtypes=INT32, ndim=2)
-        check_shape(ids, "ids", (rows, k))
-        check_same_device(logits, "logits", ids=ids)
-        outputs["ids"] = ids
+        outputs["ids"] = check_output(ids, "ids", torch.int32, (rows, k), logits, "logits")
     check_no_overlap(outputs, {"logits": logits, "lengths": lengths, "block_table": block_table,
                                "row_starts": row_starts})
 
