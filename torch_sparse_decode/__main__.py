@@ -17,10 +17,10 @@ def main() -> int:
     print(f"torch_sparse_decode {__version__} on {where} (torch {torch.__version__})")
     warmup(device)
     rows = run_examples(device, check=True, repeats=3)
-    print(f"{'op':<26} {'example':<24} {'device':<6} {'ms/call':>9}  matches reference")
+    print(f"{'op':<29} {'example':<24} {'device':<6} {'ms/call':>9}  matches reference")
     for row in rows:
         verdict = "yes" if row["ok"] else "NO"
-        print(f"{row['op']:<26} {row['shape']:<24} {device.type:<6} {row['ms']:>9.3f}  {verdict}")
+        print(f"{row['op']:<29} {row['shape']:<24} {device.type:<6} {row['ms']:>9.3f}  {verdict}")
     print("(eager wall-clock per call, including Python dispatch; see benchmarks/ for kernel timings)")
     return 0 if all(row["ok"] for row in rows) else 1
 

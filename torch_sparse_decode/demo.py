@@ -13,8 +13,10 @@ import torch
 from . import dcp
 from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
+from .ops.indexer_topk_fused.op import indexer_topk_fused
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
+from .ops.select_candidate_blocks_fused.op import select_candidate_blocks_fused
 
 
 @dataclass
@@ -123,12 +125,41 @@ def _dcp_step(device: torch.device) -> Example:
     )
 
 
+def _indexer_topk_fused(device: torch.device) -> Example:
+    """A paged KV cache: the KV slots through a shuffled page table, the positions and scores."""
+    gen = torch.Generator().manual_seed(7)
+    scores = torch.randn(3, 16384, generator=gen)
+    lengths = torch.tensor([16384, 5000, 100], dtype=torch.int32)
+    page_table = torch.randperm(3 * 256, generator=gen).view(3, 256).to(torch.int32)  # pages of 64
+    x, n, p = _on(device, scores, lengths, page_table)
+
+    def run(s, e, t):
+        return tuple(indexer_topk_fused(s, e, 1024, page_table=t, page_size=64, ids=True, values=True))
+
+    return Example("indexer_topk_fused", "3x16K page 64 k=1024", lambda: run(x, n, p),
+                   lambda: run(scores, lengths, page_table))
+
+
+def _select_candidate_blocks_fused(device: torch.device) -> Example:
+    """Block ids through a block table, and the raw block ids."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(2, 32768, generator=gen)
+    lengths = torch.tensor([32768, 7000], dtype=torch.int32)
+    table = torch.randperm(2 * 512, generator=gen).view(2, 512).to(torch.int32)
+    x, n, t = _on(device, logits, lengths, table)
+    return Example("select_candidate_blocks_fused", "2x32K bs=64 k=128",
+                   lambda: tuple(select_candidate_blocks_fused(x, n, 64, 128, t, ids=True)[:2]),
+                   lambda: tuple(select_candidate_blocks_fused(logits, lengths, 64, 128, table, ids=True)[:2]))
+
+
 EXAMPLES = (
     _moe_route,
     _grouped_moe_route,
     _select_candidate_blocks,
     _indexer_topk,
     _mtp_indexer_topk,
+    _indexer_topk_fused,
+    _select_candidate_blocks_fused,
     _dcp("dcp simulate (one-round)", 3, dcp.simulate_dcp_topk, _dcp_generic),
     _dcp("dcp generic merge", 4, _dcp_generic, dcp.simulate_dcp_topk),
     _dcp_step,
