@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -17,13 +19,34 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    # Without a GPU, CuTe DSL compiles for its default target (SM100); ours is Hopper.
-    import os
+    # No kernel comes from an earlier run's disk cache (the cache's own tests point it at a folder
+    # of their own). On a GPU the run's processes (the pytest-xdist workers) share one fresh
+    # folder, so each configuration compiles about once per run rather than once per worker.
+    # Without a GPU nothing is cached.
+    worker = getattr(config, "workerinput", None)
+    if worker is not None:
+        os.environ["TORCH_SPARSE_DECODE_CACHE"] = worker.get("tsd_cache", "0")
+    elif torch.cuda.is_available():
+        import tempfile
 
-    # Every test compiles what it runs: no kernel comes from an earlier process's disk cache (the
-    # cache's own tests point it at a folder of their own).
-    os.environ["TORCH_SPARSE_DECODE_CACHE"] = "0"
+        config._tsd_cache = tempfile.TemporaryDirectory(prefix="tsd-test-kernels-")
+        os.environ["TORCH_SPARSE_DECODE_CACHE"] = config._tsd_cache.name
+    else:
+        os.environ["TORCH_SPARSE_DECODE_CACHE"] = "0"
+    # Without a GPU, CuTe DSL compiles for its default target (SM100); ours is Hopper.
     if not torch.cuda.is_available():
         os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
         # Triton kernels run on CPU tensors in the interpreter (set before triton.jit runs).
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist: each worker gets the controller's kernel folder."""
+    node.workerinput["tsd_cache"] = os.environ.get("TORCH_SPARSE_DECODE_CACHE", "0")
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_tsd_cache", None)
+    if cache is not None:
+        cache.cleanup()
