@@ -67,11 +67,12 @@ def bench_tokens(table: Table, bandwidth: float, rows: int, width: int, dtype=to
               bar(floor_us), verdict(ours, base, floor_us, 10))
 
 
-def bench_windows(table: Table, rows: int, window: int, width: int, block_size: int = 0) -> None:
-    """row_starts: windows of ``window`` columns at random starts inside rows of ``width``, beside
-    plain rows of ``window`` columns (the bar: the same cost)."""
+def bench_windows(table: Table, rows: int, window: int, width: int, block_size: int = 0, align: int = 1) -> None:
+    """row_starts: windows of ``window`` columns at random starts (multiples of ``align``) inside
+    rows of ``width``, beside plain rows of ``window`` columns (the bar: the same cost)."""
     gen = torch.Generator().manual_seed(rows + window)
-    starts = torch.randint(0, width - window + 1, (rows,), generator=gen, dtype=torch.int32).cuda()
+    starts = torch.randint(0, width - window + 1, (rows,), generator=gen, dtype=torch.int32) // align * align
+    starts = starts.cuda()
     ends = starts + window
     wide = make_rows(rows, width)
     plain = make_rows(rows, window)
@@ -84,7 +85,9 @@ def bench_windows(table: Table, rows: int, window: int, width: int, block_size: 
         op, name = torch.ops.sparse_decode.indexer_topk, "indexer_topk"
         windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, K, out, starts))
         ours = graph_us(lambda i: op(*plain[i % len(plain)], K, out))
-    table.add(name, f"{rows} x {window >> 10}K of {width >> 10}K", windowed, ours, f"{windowed / ours:.2f}")
+    size = f"{window >> 10}K" if window % 1024 == 0 else f"{window}"
+    where = f"{rows} x {size} of {width >> 10}K" + (f", starts % {align} = 0" if align > 1 else "")
+    table.add(name, where, windowed, ours, f"{windowed / ours:.2f}")
 
 
 def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> None:
@@ -114,9 +117,12 @@ def main() -> None:
     if "windows" in tables:
         windows = Table(f"row_starts: windows at random starts vs plain rows of the window's length, k={K}",
                         ["op", "windows", "windows (us)", "plain rows (us)", "ratio"])
-        for rows, window, width, bs in [(8, 128 << 10, 256 << 10, 0), (64, 128 << 10, 256 << 10, 0),
-                                        (8, 128 << 10, 1 << 20, 8)][: 1 if args.quick else None]:
-            bench_windows(windows, rows, window, width, bs)
+        # 16-byte-aligned starts beside random ones: a 128K window split over 8 CTAs fills two
+        # tiles of 8K exactly when aligned, and one CTA takes a third when not.
+        for rows, window, width, bs, align in [(8, 128 << 10, 256 << 10, 0, 1), (8, 128 << 10, 256 << 10, 0, 4),
+                                               (64, 128 << 10, 256 << 10, 0, 1), (8, 128 << 10, 1 << 20, 8, 1),
+                                               (8, 100_000, 256 << 10, 0, 1)][: 2 if args.quick else None]:
+            bench_windows(windows, rows, window, width, bs, align)
         windows.emit(args.results)
     if "fused" in tables:
         fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
