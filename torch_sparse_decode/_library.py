@@ -183,6 +183,19 @@ def check_output(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence
     return t
 
 
+def check_table(table: torch.Tensor, name: str, like: torch.Tensor, like_name: str, per_entry: int,
+                unit: str) -> None:
+    """An int32 lookup table with a row per row of ``like`` and an entry per ``per_entry``
+    columns of it (a page table: pages of ``page_size``; a block table: blocks), on its device."""
+    check_tensor(table, name, dtypes=INT32, ndim=2, contiguous=False, inner_contiguous=True)
+    rows, width = like.shape
+    entries = -(-width // per_entry)
+    if table.shape[0] != rows or table.shape[1] < entries:
+        raise ValueError(f"{name} must have {rows} rows of at least {entries} {unit} of {per_entry}: it must cover "
+                         f"the {width} columns of {like_name}, got {tuple(table.shape)}")
+    check_same_device(like, like_name, **{name: table})
+
+
 def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
     """No output shares memory with another output or with an input (an op writes its outputs in
     any order, so an alias would give a wrong answer). Skipped for tensors without storage (the

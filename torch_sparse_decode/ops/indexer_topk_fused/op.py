@@ -7,15 +7,15 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..._library import INT32, check_int, check_no_overlap, check_output, check_same_device, check_tensor, \
-    check_topk_rows, define_op
+from ..._library import SCORE_DTYPES, check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
+    define_op, topk_out
 from ...limits import TOPK_MAX_K
 from . import reference
 
 
 def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, page_size, row_starts=None) -> None:
-    check_topk_rows(scores, "scores", (torch.float32, torch.bfloat16, torch.float16), lengths, k, out, row_starts)
-    rows, width = scores.shape
+    check_topk_rows(scores, "scores", SCORE_DTYPES, lengths, k, out, row_starts)
+    rows = scores.shape[0]
     outputs = {"out": out}
     if page_table is None:
         if ids is not None:
@@ -23,14 +23,8 @@ def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, p
         if page_size != 0:
             raise ValueError(f"page_size must be 0 without a page_table, got {page_size}")
     else:
-        check_tensor(page_table, "page_table", dtypes=INT32, ndim=2, contiguous=False, inner_contiguous=True)
-        if page_table.shape[0] != rows:
-            raise ValueError(f"page_table must have {rows} rows (one per scores row), got {page_table.shape[0]}")
         check_int(page_size, "page_size", 1, 1 << 20)
-        if page_table.shape[1] * page_size < width:
-            raise ValueError(f"page_table's {page_table.shape[1]} pages of {page_size} must cover the {width} "
-                             f"columns of scores")
-        check_same_device(scores, "scores", page_table=page_table)
+        check_table(page_table, "page_table", scores, "scores", page_size, "pages")
         if ids is not None:
             outputs["ids"] = check_output(ids, "ids", torch.int32, (rows, k), scores, "scores")
     if values is not None:
@@ -81,10 +75,8 @@ def indexer_topk_fused(
     Positions are those of ``indexer_topk`` (counted from ``row_starts`` where given).
     """
     k = check_int(k, "k", 1, TOPK_MAX_K)
-    rows = scores.shape[0] if isinstance(scores, torch.Tensor) and scores.dim() >= 1 else 0
-    device = scores.device if isinstance(scores, torch.Tensor) else None
-    out = torch.empty(rows, k, dtype=torch.int32, device=device)
-    raw = torch.empty(rows, k, dtype=torch.int32, device=device) if ids else None
-    picked = torch.empty(rows, k, dtype=scores.dtype, device=device) if values else None
+    out = topk_out(scores, "scores", k)
+    raw = torch.empty_like(out) if ids else None
+    picked = torch.empty_like(out, dtype=scores.dtype) if values else None
     torch.ops.sparse_decode.indexer_topk_fused(scores, lengths, k, out, raw, picked, page_table, page_size, row_starts)
     return FusedTopk(out, raw, picked)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import INT32, SCORE_DTYPES, check_int, check_no_overlap, check_output, check_same_device, \
-    check_tensor, check_topk_rows, define_op
+from ..._library import SCORE_DTYPES, check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
+    define_op, topk_out
 from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from ..indexer_topk_fused.op import FusedTopk
 from . import reference
@@ -16,13 +16,8 @@ def check_select_candidate_blocks_fused(logits, lengths, block_size, k, out, ids
                                         row_starts=None) -> None:
     check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out, row_starts)
     block_size = check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
-    rows, width = logits.shape
-    check_tensor(block_table, "block_table", dtypes=INT32, ndim=2, contiguous=False, inner_contiguous=True)
-    blocks = -(-width // block_size)
-    if block_table.shape[0] != rows or block_table.shape[1] < blocks:
-        raise ValueError(f"block_table must have {rows} rows of at least {blocks} blocks (logits' {width} columns "
-                         f"in blocks of {block_size}), got {tuple(block_table.shape)}")
-    check_same_device(logits, "logits", block_table=block_table)
+    rows = logits.shape[0]
+    check_table(block_table, "block_table", logits, "logits", block_size, "blocks")
     outputs = {"out": out}
     if ids is not None:
         outputs["ids"] = check_output(ids, "ids", torch.int32, (rows, k), logits, "logits")
@@ -57,10 +52,8 @@ def select_candidate_blocks_fused(
     raw block ids too. Returns ``FusedTopk(out, ids or None, None)``."""
     block_size = check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
     k = check_int(k, "k", 1, TOPK_MAX_K)
-    rows = logits.shape[0] if isinstance(logits, torch.Tensor) and logits.dim() >= 1 else 0
-    device = logits.device if isinstance(logits, torch.Tensor) else None
-    out = torch.empty(rows, k, dtype=torch.int32, device=device)
-    raw = torch.empty(rows, k, dtype=torch.int32, device=device) if ids else None
+    out = topk_out(logits, "logits", k)
+    raw = torch.empty_like(out) if ids else None
     torch.ops.sparse_decode.select_candidate_blocks_fused(logits, lengths, block_size, k, out, raw, block_table,
                                                           row_starts)
     return FusedTopk(out, raw, None)
