@@ -69,40 +69,44 @@ def bench_tokens(table: Table, bandwidth: float, rows: int, width: int, dtype=to
 
 def bench_windows(table: Table, rows: int, window: int, width: int, block_size: int = 0, align: int = 1) -> None:
     """row_starts: windows of ``window`` columns at random starts (multiples of ``align``) inside
-    rows of ``width``, beside plain rows of ``window`` columns (the bar: the same cost)."""
+    rows of ``width``, beside plain rows of ``window`` columns (the bar: the same cost) and of
+    ``window + 1``: an unaligned window spans as many 16-byte chunks as that longer plain row."""
     gen = torch.Generator().manual_seed(rows + window)
     starts = torch.randint(0, width - window + 1, (rows,), generator=gen, dtype=torch.int32) // align * align
     starts = starts.cuda()
     ends = starts + window
     wide = make_rows(rows, width)
-    plain = make_rows(rows, window)
+    plain, longer = make_rows(rows, window), make_rows(rows, window + 1)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     if block_size:
         op, name = torch.ops.sparse_decode.select_candidate_blocks, f"select_candidate_blocks bs={block_size}"
         windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, block_size, K, out, starts))
         ours = graph_us(lambda i: op(*plain[i % len(plain)], block_size, K, out))
+        one_more = graph_us(lambda i: op(*longer[i % len(longer)], block_size, K, out))
     else:
         op, name = torch.ops.sparse_decode.indexer_topk, "indexer_topk"
         windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, K, out, starts))
         ours = graph_us(lambda i: op(*plain[i % len(plain)], K, out))
+        one_more = graph_us(lambda i: op(*longer[i % len(longer)], K, out))
     size = f"{window >> 10}K" if window % 1024 == 0 else f"{window}"
     where = f"{rows} x {size} of {width >> 10}K" + (f", starts % {align} = 0" if align > 1 else "")
-    table.add(name, where, windowed, ours, f"{windowed / ours:.2f}")
+    table.add(name, where, windowed, ours, f"{windowed / ours:.2f}", one_more, f"{windowed / one_more:.2f}")
 
 
 def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> None:
-    """indexer_topk_fused (KV slots through a page table, raw ids, values) beside plain
-    indexer_topk on the same rows (the bar: <= 0.5 us more)."""
+    """indexer_topk_fused beside plain indexer_topk on the same rows (the bar: <= 0.5 us more):
+    every output (KV slots through a page table, raw ids, values), then each alone."""
     sets = make_rows(rows, width)
     gen = torch.Generator().manual_seed(rows)
     pages = torch.randint(0, 1 << 20, (rows, -(-width // page_size)), generator=gen, dtype=torch.int32).cuda()
     out, ids = (torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2))
     values = torch.empty(rows, K, device="cuda")
     plain = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk(*sets[i % len(sets)], K, out))
-    fused = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk_fused(*sets[i % len(sets)], K, out, ids, values,
-                                                                          pages, page_size))
-    table.add("indexer_topk_fused", f"{rows}x{width >> 10}K page {page_size}", fused, plain, f"{fused - plain:+.2f}",
-              "yes" if fused - plain <= 0.5 else "no")
+    for what, extra in (("slots + ids + values", (ids, values, pages, page_size)), ("slots", (None, None, pages, page_size)),
+                        ("values", (None, values, None, 0))):
+        fused = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk_fused(*sets[i % len(sets)], K, out, *extra))
+        table.add("indexer_topk_fused", f"{rows}x{width >> 10}K page {page_size}", what, fused, plain,
+                  f"{fused - plain:+.2f}", "yes" if fused - plain <= 0.5 else "no")
 
 
 def main() -> None:
@@ -116,7 +120,8 @@ def main() -> None:
         main_table(args, dtype)
     if "windows" in tables:
         windows = Table(f"row_starts: windows at random starts vs plain rows of the window's length, k={K}",
-                        ["op", "windows", "windows (us)", "plain rows (us)", "ratio"])
+                        ["op", "windows", "windows (us)", "plain rows (us)", "ratio",
+                         "plain rows of window + 1 (us)", "ratio to those"])
         # 16-byte-aligned starts beside random ones: a 128K window split over 8 CTAs fills two
         # tiles of 8K exactly when aligned, and one CTA takes a third when not.
         for rows, window, width, bs, align in [(8, 128 << 10, 256 << 10, 0, 1), (8, 128 << 10, 256 << 10, 0, 4),
@@ -126,7 +131,7 @@ def main() -> None:
         windows.emit(args.results)
     if "fused" in tables:
         fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
-                      ["op", "shape", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])
+                      ["op", "shape", "outputs", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])
         for rows, width in [(8, 128 << 10), (64, 128 << 10)][: 1 if args.quick else None]:
             bench_fused(fused, rows, width)
         fused.emit(args.results)

@@ -16,8 +16,10 @@ One step for a batch of requests, each with its own length in a paged cache:
    groups, 4 kept, top 8, scale 2.5).
 
 The step runs eager, under ``torch.compile(fullgraph=True)`` and, on a GPU, captured in a CUDA
-graph that is replayed with new inputs; every mode's output is checked against eager, and the
-time of one step in each mode is printed.
+graph that is replayed with new inputs; every mode's output is checked against eager (slots and
+routing exactly, the routing as ``moe_route`` gives it on that mode's own router scores, whose
+sigmoid a compiled graph may round an ulp differently), and the time of one step in each mode is
+printed.
 """
 
 from __future__ import annotations
@@ -106,8 +108,11 @@ class DecodeStep(torch.nn.Module):
 
         # 5. The MoE router: sigmoid scores, DeepSeek-V3's grouped routing.
         router = torch.sigmoid(hidden @ self.gate.T)
-        weights, experts = tsd.moe_route(router, self.bias, 8, scale=2.5, num_expert_group=8, topk_group=4)
-        return out[:, :, 0], slots, weights, experts
+        weights, experts = self.route(router)
+        return out[:, :, 0], slots, weights, experts, router
+
+    def route(self, router):
+        return tsd.moe_route(router, self.bias, 8, scale=2.5, num_expert_group=8, topk_group=4)
 
 
 def timed(fn, *args, repeats: int = 20) -> float:
@@ -123,13 +128,21 @@ def timed(fn, *args, repeats: int = 20) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
-def differs(got, want) -> list[str]:
-    """The outputs that differ: slots and routing exactly; the attention output to fp32 rounding
-    (a compiled graph may fuse the softmax differently)."""
-    names = ("attention", "slots", "weights", "experts")
-    bad = [n for n, g, w in zip(names[1:], got[1:], want[1:]) if not torch.equal(g, w)]
-    if not torch.allclose(got[0], want[0], rtol=1e-5, atol=1e-6):
-        bad.insert(0, f"attention (max error {(got[0] - want[0]).abs().max().item():.2e})")
+def differs(step: DecodeStep, got, want) -> list[str]:
+    """The outputs that differ. Slots exactly. The routing exactly too, as ``moe_route`` gives it
+    on the mode's own router scores; those and the attention output to fp32 rounding: a compiled
+    graph computes the softmax and the router's sigmoid in its own kernels, which may round an
+    ulp differently."""
+    attention, slots, weights, experts, router = got
+    bad = [] if torch.equal(slots, want[1]) else ["slots"]
+    routed = step.route(router)
+    bad += [n for n, g, w in (("weights", weights, routed[0]), ("experts", experts, routed[1])) if not torch.equal(g, w)]
+    if not torch.equal(experts, want[3]):
+        bad.append("experts (vs eager)")
+    for name, g, w, tol in (("attention", attention, want[0], 1e-6), ("router scores", router, want[4], 0.0),
+                            ("weights", weights, want[2], 0.0)):
+        if not torch.allclose(g, w, rtol=1e-5, atol=tol):
+            bad.append(f"{name} (max error {(g - w).abs().max().item():.2e})")
     return bad
 
 
@@ -144,7 +157,7 @@ def run(cfg: Config, device: torch.device, modes=("eager", "compiled", "graph"),
     if "compiled" in modes:
         compiled = torch.compile(step, fullgraph=True)
         for x, w in zip(inputs, want):
-            bad = differs(compiled(*x), w)
+            bad = differs(step, compiled(*x), w)
             assert not bad, f"torch.compile output differs from eager: {bad}"
         times["compiled"] = timed(compiled, *inputs[0])
     if "graph" in modes and device.type == "cuda":
@@ -162,7 +175,7 @@ def run(cfg: Config, device: torch.device, modes=("eager", "compiled", "graph"),
                 s.copy_(t)
             graph.replay()
             torch.cuda.synchronize()
-            bad = differs(result, w)
+            bad = differs(step, result, w)
             assert not bad, f"CUDA graph replay differs from eager: {bad}"
         times["graph"] = timed(lambda *_: graph.replay(), *static)
     return times

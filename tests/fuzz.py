@@ -31,6 +31,7 @@ import torch
 
 import torch_sparse_decode as tsd
 from dcp_cases import canonical_rows
+from inputs import same_bits
 from torch_sparse_decode import dcp
 from torch_sparse_decode.ops.dcp import reference
 from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as indexer_reference
@@ -301,8 +302,7 @@ def fused_case(rng: random.Random, op: str, x: torch.Tensor, lengths: torch.Tens
     torch.ops.sparse_decode.indexer_topk_fused(x, lengths, k, outs[0], outs[1] if ids else None, values[0], table,
                                                page, starts)
     indexer_fused_reference(x, lengths, k, outs[2], outs[3] if ids else None, values[1], table, page, starts)
-    same_values = torch.equal(values[0].isnan(), values[1].isnan()) and torch.equal(
-        values[0].nan_to_num(0.0), values[1].nan_to_num(0.0))
+    same_values = same_bits(values[0], values[1])
     return (first_difference(outs[0], outs[2]) or (ids and first_difference(outs[1], outs[3]))
             or ("" if same_values else "values differ"))
 

@@ -54,6 +54,12 @@ def scores(kind: str, shape: tuple[int, ...], seed: int = 0) -> torch.Tensor:
     raise ValueError(kind)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit for bit: -0.0 is not +0.0 and a NaN keeps its payload (values come from the input)."""
+    ints = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
 import pytest  # noqa: E402
 
 # Every op test runs on the CPU and, marked gpu (skipped without one), on CUDA tensors.

@@ -227,6 +227,14 @@ class Outputs(NamedTuple):
     want: Int32
 
 
+class Staging(NamedTuple):
+    """A fused build's kept ids on their way out: ``ids[e]`` is output slot ``base + e`` of the
+    row (this CTA's slots start at ``base``), gathered through ``Outputs`` once all are known."""
+
+    ids: cute.Tensor
+    base: Int32
+
+
 class RadixTopk:
     """The engine for one static configuration: source dtype, pinned id or not, cluster size,
     whether float scores are keyed by their bf16 ord16 (the DCP pack) instead of their full bits,
@@ -366,10 +374,10 @@ class RadixTopk:
 
     @cute.jit
     def compact_tile(self, regs: Regs, t: Uint32, take: Int32, eq_before: Int32, ranked, o: Outputs,
-                     src: cute.Tensor, first: Int32, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32,
-                     tid: Int32):
+                     dest: Staging, row: Int32, written: Int32, counts: cute.Tensor, parity: Int32, tid: Int32):
         """Write the ids of a tile's keys > t and of the first ``take`` keys == t (``eq_before``
-        of them came earlier) to ``o`` after the ``written`` before them, in index order.
+        of them came earlier) after the ``written`` before them, in index order: to ``o.out``, or
+        in a fused build to ``dest``.
         Returns (kept, keys == t).
 
         Warps own contiguous parts of the tile, so a warp's offset is the sum of the lower warps'
@@ -403,38 +411,46 @@ class RadixTopk:
             ballot = ballot_of(flags[i])
             ats[i] = slot + Int32(cute.arch.popc(ballot & lower))
             slot = slot + Int32(cute.arch.popc(ballot))
-        self.emit_tile(o, src, row, first, flags, ats, ids, kept_n)
+        width = o.out.shape[1]
+        for i in cutlass.range_constexpr(PER):
+            if cutlass.const_expr(self.fused):
+                e = ats[i] - dest.base
+                if flags[i] & (ats[i] < width) & (e < CAP):  # exact counts never fail these; memory-safe if not
+                    dest.ids[e] = ids[i]
+            elif flags[i] & (ats[i] < width):
+                o.out[row, ats[i]] = ids[i]
         return added, tile_tied
 
     @cute.jit
-    def emit_tile(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, flags, ats, ids, kept_n: Int32):
-        """Output slot ``ats[i]`` of the row gets ``ids[i]`` where ``flags[i]`` (what ``o`` asks
-        beside it in a fused build). Every load (page table, score) is issued before the first
-        store, unpredicated at clamped addresses, so a tile waits for memory once, not PER times."""
+    def flush(self, o: Outputs, src: cute.Tensor, dest: Staging, row: Int32, first: Int32, count: Int32,
+              tid: Int32):
+        """A fused build's output: the ``count`` staged ids through ``o``, each thread's few
+        (CAP / THREADS at most) gathered at once. Slots past ``count`` gather id 0's entries
+        (one cached line) so no load sits under a branch."""
         width = o.out.shape[1]
-        if cutlass.const_expr(not self.fused):
-            for i in cutlass.range_constexpr(PER):
-                if flags[i] & (ats[i] < width):  # exact counts never reach it; memory-safe if not
-                    o.out[row, ats[i]] = ids[i]
-        elif kept_n > 0:  # warp-uniform: a re-pass's tiles mostly keep nothing
-            # Both gathers in one block, unpredicated at clamped addresses, so they overlap: the
-            # table is always readable (without a page table it is ``out``, and unused).
-            last, end, per_page = o.table.shape[1] - 1, src.shape[1] - 1, max(o.page, Int32(1))
-            entries = cute.make_rmem_tensor(PER, Int32)
-            picked = cute.make_rmem_tensor(PER, src.element_type)
-            for i in cutlass.range_constexpr(PER):  # unflagged ids may be stale: clamp them
-                entries[i] = o.table[row, min(max(ids[i], Int32(0)) // per_page, last)]
+        last, end, per_page = o.table.shape[1] - 1, src.shape[1] - 1, max(o.page, Int32(1))
+        staged = cute.make_rmem_tensor(CAP // THREADS, Int32)
+        entries = cute.make_rmem_tensor(CAP // THREADS, Int32)
+        picked = cute.make_rmem_tensor(CAP // THREADS, src.element_type)
+        for j in cutlass.range_constexpr(CAP // THREADS):
+            e = tid + j * THREADS
+            # Clamped to the row: exact counts stage every slot below count; memory-safe if not.
+            staged[j] = min(max(cutlass.select_(e < count, dest.ids[e], Int32(0)), Int32(0)), end)
+        for j in cutlass.range_constexpr(CAP // THREADS):
+            entries[j] = o.table[row, min(staged[j] // per_page, last)]
+            if cutlass.const_expr(not self.pinned):
+                picked[j] = src[row, min(first + staged[j], end)]
+        for j in cutlass.range_constexpr(CAP // THREADS):
+            e = tid + j * THREADS
+            at = dest.base + e
+            if (e < count) & (at < width):
+                id = staged[j]
+                o.out[row, at] = cutlass.select_(o.page > 0, entries[j] * per_page + id % per_page, id)
+                if (o.want & 1) != 0:
+                    o.raw[row, at] = id
                 if cutlass.const_expr(not self.pinned):
-                    picked[i] = src[row, min(max(first + ids[i], Int32(0)), end)]
-            for i in cutlass.range_constexpr(PER):
-                if flags[i] & (ats[i] < width):
-                    o.out[row, ats[i]] = cutlass.select_(o.page > 0, entries[i] * per_page + ids[i] % per_page,
-                                                         ids[i])
-                    if (o.want & 1) != 0:
-                        o.raw[row, ats[i]] = ids[i]
-                    if cutlass.const_expr(not self.pinned):
-                        if (o.want & 2) != 0:
-                            o.values[row, ats[i]] = picked[i]
+                    if (o.want & 2) != 0:
+                        o.values[row, at] = picked[j]
 
     @cute.jit
     def find_digit(self, sm: Scratch, base: Int32, need: Int32, tid: Int32, local: cutlass.Constexpr[bool] = False):
@@ -655,7 +671,7 @@ class RadixTopk:
     def emit(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, at: Int32, id: Int32):
         """Output slot ``at`` of the row: ``id`` (-1: padding, which maps to -1 and the value
         -inf) and what ``o`` asks beside it in a fused build. ``first``: the window's start in
-        ``src``. For the short stretches (keep_all, padding); tiles go through ``emit_tile``."""
+        ``src``. For the short stretches (keep_all, padding); kept ids go through ``flush``."""
         if cutlass.const_expr(not self.fused):
             o.out[row, at] = id
         else:
@@ -703,6 +719,9 @@ class RadixTopk:
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
+        stage = buf_id  # unused by a plain build
+        if cutlass.const_expr(self.fused):
+            stage = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)  # this CTA's kept ids (<= k)
         sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, segments, buf_key, buf_id, ring)
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
@@ -831,6 +850,7 @@ class RadixTopk:
             eq_before = Int32(0)
             out_base = Int32(0)
             out_total = Int32(0)
+            mine_taken = Int32(0)
             above_r = cute.make_rmem_tensor(self.ctas, Int32)
             tied_r = cute.make_rmem_tensor(self.ctas, Int32)
             for r in cutlass.range_constexpr(self.ctas):  # every remote load in flight before the sums
@@ -843,6 +863,7 @@ class RadixTopk:
                     out_base = out_base + taken
                 if r == rank:
                     eq_before = eq_run
+                    mine_taken = taken
                 out_total = out_total + taken
                 eq_run = eq_run + eq_r
             self.mark(marks, "offsets")
@@ -851,6 +872,7 @@ class RadixTopk:
 
             # 3. The kept ids, in index order: from the copy when there is one, else from the row.
             written = out_base
+            dest = Staging(stage, out_base)
             if kept <= CAP:
                 for start in range(0, kept, TILE):
                     for i in cutlass.range_constexpr(PER):
@@ -858,18 +880,21 @@ class RadixTopk:
                         at = min(j, Int32(CAP - 1))  # loads under a branch would not overlap
                         keys[i] = Uint32(cutlass.select_(j < kept, buf_key[at], Uint32(0)))
                         ids[i] = buf_id[at]
-                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, src, first, row, written,
-                                                    counts, start // TILE % 2, tid)
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, dest, row, written, counts,
+                                                    start // TILE % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied
             else:
                 self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
                     self.next_tile(src, ring, span, tile, refetch, regs, tid)
-                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, src, first, row, written,
-                                                    counts, tile % 2, tid)
+                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, dest, row, written, counts,
+                                                    tile % 2, tid)
                     written = written + added
                     eq_before = eq_before + tied
+            if cutlass.const_expr(self.fused):
+                cute.arch.sync_threads()
+                self.flush(o, src, dest, row, first, mine_taken, tid)
             self.mark(marks, "output")
             if rank == self.ctas - 1:
                 pad_from = out_total
