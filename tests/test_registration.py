@@ -13,6 +13,7 @@ from torch_sparse_decode import dcp
 # op -> the module of its CUDA kernel (a function of the op's name, and warm)
 CUDA_KERNELS = {
     "moe_route": "moe_route.kernel",
+    "moe_gate_route": "moe_gate_route.kernel",
     "select_candidate_blocks": "select_candidate_blocks.kernel",
     "indexer_topk": "indexer_topk.kernel",
     "decode_row_lengths": "decode_row_lengths.kernel",
@@ -41,6 +42,9 @@ def op_cases(device):
     merged = lambda: (torch.empty(3, 64, **i32), torch.empty(3, 64, **i32), torch.empty(3, **i32))  # noqa: E731
     return {
         "moe_route": (scores, bias, 4, True, 1.5, False, 8, 4, torch.empty(5, 4, **f32), torch.empty(5, 4, **i32)),
+        "moe_gate_route": (torch.randn(5, 96, generator=gen).bfloat16().to(device),
+                           torch.randn(64, 96, generator=gen).bfloat16().to(device), bias, 4, True, 1.5, 8, 4,
+                           torch.empty(5, 4, **f32), torch.empty(5, 4, **i32), torch.empty(5, 64, **f32)),
         "select_candidate_blocks": (logits, ends, 8, 10, torch.empty(3, 10, **i32)),
         "indexer_topk": (tokens, lengths, 16, torch.empty(3, 16, **i32)),
         "decode_row_lengths": (lengths, 2, torch.empty(6, **i32)),

@@ -3,6 +3,7 @@
 Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
 
 - ``moe_route``: MoE routing, top-k experts by score + bias with exact tie rules;
+  ``moe_gate_route``: the router front, the router GEMM to fp32 logits and their routing;
 - ``select_candidate_blocks``: candidate block selection over the valid prefix of decode rows;
   ``select_candidate_blocks_fused``: the same, its block ids mapped through a block table;
 - ``indexer_topk``: exact token top-k of the DSA indexer; ``indexer_topk_fused``: the same, its
@@ -24,6 +25,7 @@ from ._library import register_warmup, registered_ops, run_warmups
 from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
 from .ops.indexer_topk_fused.op import FusedTopk, indexer_topk_fused
+from .ops.moe_gate_route.op import moe_gate_route
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
 from .ops.select_candidate_blocks_fused.op import select_candidate_blocks_fused
@@ -32,6 +34,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "moe_route",
+    "moe_gate_route",
     "select_candidate_blocks",
     "select_candidate_blocks_fused",
     "indexer_topk",
@@ -56,6 +59,8 @@ def _run_every_op(device: torch.device) -> None:
     gen = torch.Generator().manual_seed(0)
     scores = torch.rand(8, 896, generator=gen).to(device)
     moe_route(scores, torch.zeros(896, device=device), 16, scale=2.5)
+    hidden, gate = torch.randn(8, 7168, generator=gen).bfloat16(), torch.randn(896, 7168, generator=gen).bfloat16()
+    moe_gate_route(hidden.to(device), gate.to(device), torch.zeros(896, device=device), 16, scale=2.5)
     logits = torch.randn(4, 1 << 17, generator=gen).to(device)
     ends = torch.tensor([1 << 17, 9000, 64, 0], dtype=torch.int32, device=device)
     select_candidate_blocks(logits, ends, 64, 2048)

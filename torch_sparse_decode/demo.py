@@ -14,6 +14,7 @@ from . import dcp
 from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
 from .ops.indexer_topk_fused.op import indexer_topk_fused
+from .ops.moe_gate_route.op import moe_gate_route
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
 from .ops.select_candidate_blocks_fused.op import select_candidate_blocks_fused
@@ -50,6 +51,18 @@ def _grouped_moe_route(device: torch.device) -> Example:
     route = dict(scale=2.5, num_expert_group=8, topk_group=4)
     return Example("moe_route", "T=8 E=256 g8/4 k=8 bf16",
                    lambda: moe_route(s, b, 8, **route), lambda: moe_route(scores, bias, 8, **route))
+
+
+def _moe_gate_route(device: torch.device) -> Example:
+    """Hidden states and router weights on coarse grids (multiples of 1/4 and 1/64), so the
+    logits are exact in fp32 in any summation order and every device routes alike."""
+    gen = torch.Generator().manual_seed(2)
+    hidden = ((torch.randn(8, 7168, generator=gen) * 4).round() / 4).bfloat16()
+    gate = ((torch.randn(896, 7168, generator=gen) * 1.28).round() / 64).bfloat16()
+    bias = torch.randn(896, generator=gen) * 0.01
+    h, g, b = _on(device, hidden, gate, bias)
+    return Example("moe_gate_route", "T=8 H=7168 E=896 topk=16", lambda: moe_gate_route(h, g, b, 16, scale=2.5),
+                   lambda: moe_gate_route(hidden, gate, bias, 16, scale=2.5))
 
 
 def _select_candidate_blocks(device: torch.device) -> Example:
@@ -155,6 +168,7 @@ def _select_candidate_blocks_fused(device: torch.device) -> Example:
 EXAMPLES = (
     _moe_route,
     _grouped_moe_route,
+    _moe_gate_route,
     _select_candidate_blocks,
     _indexer_topk,
     _mtp_indexer_topk,

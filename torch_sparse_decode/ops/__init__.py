@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     decode_row_lengths,
     indexer_topk,
     indexer_topk_fused,
+    moe_gate_route,
     moe_route,
     select_candidate_blocks,
     select_candidate_blocks_fused,

@@ -53,6 +53,17 @@ def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_e
     check_no_overlap({"weights": weights, "ids": ids}, {"scores": scores, "bias": bias})
 
 
+def check_route_args(topk, renormalize, scale, num_expert_group, topk_group) -> tuple[int, int, int]:
+    """A routing wrapper's scalars, checked before the call (the dispatcher would reject a wrong
+    type with a RuntimeError): (topk, num_expert_group, topk_group) as Python ints."""
+    topk = check_int(topk, "topk", 1, MOE_MAX_TOPK)
+    num_expert_group = check_int(num_expert_group, "num_expert_group", 1, MOE_MAX_GROUPS)
+    topk_group = check_int(topk_group, "topk_group", 1, num_expert_group)
+    check_scalar(renormalize, "renormalize", bool)
+    check_scalar(scale, "scale", float)
+    return topk, num_expert_group, topk_group
+
+
 def _kernel():
     from . import kernel
 
@@ -98,13 +109,8 @@ def moe_route(
         weight 0; -0.0 ties +0.0; equal keys go to the lower expert id. Ids are always ``topk``
         distinct valid experts, also for all-NaN or all-equal rows.
     """
-    # Scalars are checked here: the dispatcher would reject a wrong type with a RuntimeError.
     check_is_tensor(scores, "scores")
-    topk = check_int(topk, "topk", 1, MOE_MAX_TOPK)
-    num_expert_group = check_int(num_expert_group, "num_expert_group", 1, MOE_MAX_GROUPS)
-    topk_group = check_int(topk_group, "topk_group", 1, num_expert_group)
-    check_scalar(renormalize, "renormalize", bool)
-    check_scalar(scale, "scale", float)
+    topk, num_expert_group, topk_group = check_route_args(topk, renormalize, scale, num_expert_group, topk_group)
     check_scalar(apply_sigmoid, "apply_sigmoid", bool)
     if out is None:
         tokens = scores.shape[0] if scores.dim() == 2 else 0

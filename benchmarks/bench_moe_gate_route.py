@@ -1,0 +1,71 @@
+"""moe_gate_route (the router front) beside the unfused path, both captured in CUDA graphs.
+
+    python benchmarks/bench_moe_gate_route.py [--quick] [--results FILE]
+
+The unfused path is what a runner writes today: the bf16 hidden states times the router weights
+to fp32 logits (``torch.mm(..., out_dtype=torch.float32)``, cuBLAS), then our ``moe_route``
+kernel with its sigmoid. Until the one-launch front exists, the op runs that same path. Shapes: Kimi K3
+(896 experts, hidden 7168, top 16) and DeepSeek-V3 (256 experts in 8 groups, 4 kept, top 8),
+T = 1 .. 64; all-equal rows (zero hidden states: CUDA-graph padding) beside random ones. The floor
+is one read of the router weights at the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import torch_sparse_decode  # noqa: F401  (registers the ops)
+from harness import Table, copy_bandwidth_tbs, graph_us, parser, rotation
+
+WIDTH = 7168
+SCALE = 2.5
+
+
+def bench(table: Table, bandwidth: float, experts: int, topk: int, groups: int, kept: int, tokens: int,
+          bar: float) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(tokens)
+    bias = torch.randn(experts, device="cuda", generator=gen) * 0.05
+    # Fresh router weights per set, so every call reads them from memory (a layer's weights are
+    # not in L2 when its router runs).
+    sets = rotation(lambda seed: (torch.randn(tokens, WIDTH, device="cuda").bfloat16(),
+                                  (torch.randn(experts, WIDTH, device="cuda") * WIDTH ** -0.5).bfloat16()),
+                    experts * WIDTH * 2)
+    weights = torch.empty(tokens, topk, device="cuda")
+    ids = torch.empty(tokens, topk, dtype=torch.int32, device="cuda")
+    logits = torch.empty(tokens, experts, device="cuda")
+    front, route = torch.ops.sparse_decode.moe_gate_route, torch.ops.sparse_decode.moe_route
+
+    def ours(sets):
+        return graph_us(lambda i: front(*sets[i % len(sets)], bias, topk, True, SCALE, groups, kept, weights, ids,
+                                        logits))
+
+    def unfused(i):
+        hidden, gate = sets[i % len(sets)]
+        scores = torch.mm(hidden, gate.t(), out_dtype=torch.float32)
+        route(scores, bias, topk, True, SCALE, True, groups, kept, weights, ids)
+
+    padding = [(torch.zeros_like(h), g) for h, g in sets]
+    fused, fused_tied, base = ours(sets), ours(padding), graph_us(unfused)
+    floor_us = experts * WIDTH * 2 / (bandwidth * 1e12) * 1e6
+    ok = max(fused, fused_tied) <= bar and base / fused >= 1.5
+    table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, fused, fused_tied, base, f"{base / fused:.2f}x",
+              floor_us, bar, "yes" if ok else "no")
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    bandwidth = copy_bandwidth_tbs()
+    table = Table("moe_gate_route: router GEMM + sigmoid + routing", [
+        "E/topk", "groups/kept", "T", "ours (us)", "ours, zero hidden (us)", "unfused (us)", "speedup",
+        "one read of the weights (us)", "bar (us)", "meets bar (and >= 1.5x)"])
+    # (experts, topk, groups, kept, [(tokens, bar)])
+    shapes = [(896, 16, 1, 1, [(1, 5.5), (4, 5.5), (8, 5.5), (16, 8.0), (32, 8.0), (64, 8.0)]),
+              (256, 8, 8, 4, [(1, 3.0), (8, 3.0), (64, 4.0)])]
+    for experts, topk, groups, kept, cases in shapes:
+        for tokens, bar in cases[:: 3 if args.quick else 1]:
+            bench(table, bandwidth, experts, topk, groups, kept, tokens, bar)
+    table.emit(args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""moe_gate_route: the router front. Its logits within the fp32 accumulation bound of the exact
+product, its routing exactly moe_route's of their sigmoid on the same device; adversarial rows
+(NaN hidden states, all-equal logits, tied experts), T = 0..64, the two model shapes, a CUDA
+graph replayed with fresh inputs, torch.compile, bad arguments."""
+
+import pytest
+import torch
+
+import torch_sparse_decode as tsd
+from inputs import DEVICES, poisoned
+
+# (experts, hidden, topk, num_expert_group, topk_group, scale): Kimi K3, DeepSeek-V3
+SHAPES = [(896, 7168, 16, 1, 1, 2.5), (256, 7168, 8, 8, 4, 2.5)]
+
+
+def inputs(tokens, experts, width, seed, device):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, width, generator=gen).bfloat16()
+    gate = (torch.randn(experts, width, generator=gen) * width ** -0.5).bfloat16()
+    bias = torch.randn(experts, generator=gen) * 0.05
+    return hidden.to(device), gate.to(device), bias.to(device)
+
+
+def accumulation_bound(hidden, gate):
+    """(bound on |fp32 sum - exact|, sum |h_i w_i|) for each logit, while no partial sum overflows. The bf16 products are exact in fp32 (8 + 8 significant
+    bits), so only the H - 1 additions round: at most (H - 1) * u * sum |h_i w_i| in any order
+    (first order in u), with u = 2**-23, the unit of a truncating accumulator (a tensor core's may
+    truncate; round to nearest halves it). The fp64 reference adds H * 2**-53 of the same sum."""
+    width = hidden.shape[1]
+    magnitude = hidden.double().abs() @ gate.double().abs().T
+    return magnitude * ((width - 1) * 2.0 ** -23 * 1.01 + width * 2.0 ** -53), magnitude
+
+
+def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
+    tokens, experts = hidden.shape[0], gate.shape[0]
+    f32, i32 = dict(dtype=torch.float32), dict(dtype=torch.int32)
+    out = (poisoned((tokens, topk), torch.float32, hidden.device), poisoned((tokens, topk), torch.int32, hidden.device),
+           poisoned((tokens, experts), torch.float32, hidden.device))
+    weights, ids, logits = tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale,
+                                              num_expert_group=groups, topk_group=kept, out=out)
+    assert weights is out[0] and ids is out[1] and logits is out[2]
+    exact = hidden.double() @ gate.double().T
+    bound, magnitude = accumulation_bound(hidden, gate)
+    inside = magnitude <= torch.finfo(torch.float32).max  # no partial sum overflows (nor NaN inputs)
+    err = (logits.double() - exact).abs()
+    assert torch.all(err[inside] <= bound[inside]), err[inside].max()
+    assert torch.isnan(logits[torch.isnan(exact)]).all()
+    want = tsd.moe_route(torch.sigmoid(logits), bias, topk, renormalize=renormalize, scale=scale,
+                         num_expert_group=groups, topk_group=kept,
+                         out=(torch.empty(tokens, topk, device=hidden.device, **f32),
+                              torch.empty(tokens, topk, device=hidden.device, **i32)))
+    assert torch.equal(ids, want[1])
+    assert torch.equal(weights.view(torch.int32), want[0].view(torch.int32))  # bit for bit
+    return weights, ids, logits
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
+@pytest.mark.parametrize("tokens", [1, 4, 8, 17, 64])
+def test_routing_is_moe_route_of_its_own_logits(device, shape, tokens):
+    experts, width, topk, groups, kept, scale = shape
+    check(*inputs(tokens, experts, width, tokens, device), topk, groups, kept, scale)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_adversarial_rows(device):
+    """NaN hidden states (NaN logits: the routing's NaN rule), zero rows (every logit 0: all
+    tie, lowest ids win), tied experts (duplicate gate rows), a huge row (logits overflow to
+    +-inf), and no renormalization."""
+    experts, width, topk = 896, 7168, 16
+    hidden, gate, bias = inputs(8, experts, width, 5, "cpu")
+    hidden[1, 3] = float("nan")
+    hidden[2] = 0.0
+    gate[100:140] = gate[99]  # 41 experts with one logit
+    bias[100:140] = bias[99]
+    hidden[4] = 3e38
+    hidden, gate, bias = hidden.to(device), gate.to(device), bias.to(device)
+    weights, ids, logits = check(hidden, gate, bias, topk, 1, 1, 1.0)
+    assert torch.isnan(logits[1]).all() and torch.equal(logits[2], torch.zeros_like(logits[2]))
+    keys = 0.5 + bias.cpu()  # sigmoid(0) + bias: ties go to the lower expert
+    assert torch.equal(ids[2].cpu(), torch.argsort(keys, descending=True, stable=True)[:topk].int())
+    check(hidden, gate, bias, topk, 1, 1, 1.0, renormalize=False)
+    check(hidden[:, :256].contiguous(), gate[:256, :256].contiguous(), bias[:256], 8, 8, 4, 2.5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    hidden, gate, bias = inputs(0, 256, 512, 0, device)
+    weights, ids, logits = tsd.moe_gate_route(hidden, gate, bias, 8)
+    assert weights.shape == (0, 8) and ids.shape == (0, 8) and logits.shape == (0, 256)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_under_torch_compile(device):
+    torch._dynamo.reset()
+    hidden, gate, bias = inputs(4, 256, 1024, 1, device)
+
+    def step(h):
+        weights, ids, logits = tsd.moe_gate_route(h, gate, bias, 8, scale=2.5, num_expert_group=8, topk_group=4)
+        return weights * 2, ids, logits
+
+    got = torch.compile(step, fullgraph=True)(hidden)
+    want = step(hidden)
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.gpu
+def test_graph_replay_with_fresh_inputs():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    sets = [inputs(8, 896, 7168, seed, "cuda") for seed in range(4)]
+    static = [t.clone() for t in sets[0]]
+    tsd.moe_gate_route(*static, 16, scale=2.5)  # compiles and loads before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = tsd.moe_gate_route(*static, 16, scale=2.5)
+    for hidden, gate, bias in sets[::-1] * 2:
+        for s, t in zip(static, (hidden, gate, bias)):
+            s.copy_(t)
+        graph.replay()
+        want = tsd.moe_gate_route(hidden, gate, bias, 16, scale=2.5)
+        assert all(torch.equal(g, w) for g, w in zip(result, want))
+
+
+def test_bad_arguments():
+    hidden, gate, bias = inputs(4, 64, 128, 0, "cpu")
+    op = tsd.moe_gate_route
+    cases = [
+        (TypeError, "hidden must have dtype bfloat16", lambda: op(hidden.float(), gate, bias, 4)),
+        (TypeError, "gate_weight must have dtype bfloat16", lambda: op(hidden, gate.half(), bias, 4)),
+        (ValueError, "gate_weight must have hidden's 128 columns", lambda: op(hidden, gate[:, :64].contiguous(), bias, 4)),
+        (ValueError, "gate_weight must have 1 to 1024 experts", lambda: op(hidden, gate.repeat(17, 1), bias, 4)),
+        (ValueError, "bias must have shape", lambda: op(hidden, gate, bias[:5], 4)),
+        (ValueError, "topk must be in", lambda: op(hidden, gate, bias, 33)),
+        (ValueError, "router_logits must have shape", lambda: op(
+            hidden, gate, bias, 4, out=(torch.empty(4, 4), torch.empty(4, 4, dtype=torch.int32), torch.empty(4, 63)))),
+        (TypeError, "out must be a (weights, ids, router_logits) triple", lambda: op(hidden, gate, bias, 4, out=(1, 2))),
+    ]
+    shared = torch.empty(4 * 64 + 16)
+    overlap = (shared[:16].view(4, 4), torch.empty(4, 4, dtype=torch.int32), shared[8:8 + 256].view(4, 64))
+    cases.append((ValueError, "weights must not overlap router_logits", lambda: op(hidden, gate, bias, 4, out=overlap)))
+    for kind, message, call in cases:
+        with pytest.raises(kind, match=message.replace("(", r"\(").replace(")", r"\)")):
+            call()
