@@ -79,15 +79,12 @@ def bench_windows(table: Table, rows: int, window: int, width: int, block_size: 
     plain, longer = make_rows(rows, window), make_rows(rows, window + 1)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     if block_size:
-        op, name = torch.ops.sparse_decode.select_candidate_blocks, f"select_candidate_blocks bs={block_size}"
-        windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, block_size, K, out, starts))
-        ours = graph_us(lambda i: op(*plain[i % len(plain)], block_size, K, out))
-        one_more = graph_us(lambda i: op(*longer[i % len(longer)], block_size, K, out))
+        op, name, args = torch.ops.sparse_decode.select_candidate_blocks, f"select_candidate_blocks bs={block_size}", \
+            (block_size, K, out)
     else:
-        op, name = torch.ops.sparse_decode.indexer_topk, "indexer_topk"
-        windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, K, out, starts))
-        ours = graph_us(lambda i: op(*plain[i % len(plain)], K, out))
-        one_more = graph_us(lambda i: op(*longer[i % len(longer)], K, out))
+        op, name, args = torch.ops.sparse_decode.indexer_topk, "indexer_topk", (K, out)
+    windowed = graph_us(lambda i: op(wide[i % len(wide)][0], ends, *args, starts))
+    ours, one_more = (graph_us(lambda i, sets=sets: op(*sets[i % len(sets)], *args)) for sets in (plain, longer))
     size = f"{window >> 10}K" if window % 1024 == 0 else f"{window}"
     where = f"{rows} x {size} of {width >> 10}K" + (f", starts % {align} = 0" if align > 1 else "")
     table.add(name, where, windowed, ours, f"{windowed / ours:.2f}", one_more, f"{windowed / one_more:.2f}")

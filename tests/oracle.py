@@ -172,3 +172,14 @@ def windowed(select, scores: torch.Tensor, starts: torch.Tensor, ends: torch.Ten
         piece = scores[row:row + 1, start:end]
         rows.append(select(piece, torch.tensor([end - start], dtype=torch.int32), *args))
     return torch.cat(rows)
+
+
+def accumulation_bound(hidden: torch.Tensor, gate: torch.Tensor):
+    """(bound on |fp32 sum - exact|, sum |h_i w_i|) of each router logit ``hidden @ gate.T``,
+    while no partial sum overflows. The bf16 products are exact in fp32 (8 + 8 significant bits),
+    so only the H - 1 additions round: at most (H - 1) * u * sum |h_i w_i| in any order
+    (first order in u), with u = 2**-23, the unit of a truncating accumulator (a tensor core's may
+    truncate; round to nearest halves it). The fp64 reference adds H * 2**-53 of the same sum."""
+    width = hidden.shape[1]
+    magnitude = hidden.double().abs() @ gate.double().abs().T
+    return magnitude * ((width - 1) * 2.0 ** -23 * 1.01 + width * 2.0 ** -53), magnitude

@@ -6,6 +6,7 @@ graph replayed with fresh inputs, torch.compile, bad arguments."""
 import pytest
 import torch
 
+import oracle
 import torch_sparse_decode as tsd
 from inputs import DEVICES, poisoned
 
@@ -21,16 +22,6 @@ def inputs(tokens, experts, width, seed, device):
     return hidden.to(device), gate.to(device), bias.to(device)
 
 
-def accumulation_bound(hidden, gate):
-    """(bound on |fp32 sum - exact|, sum |h_i w_i|) for each logit, while no partial sum overflows. The bf16 products are exact in fp32 (8 + 8 significant
-    bits), so only the H - 1 additions round: at most (H - 1) * u * sum |h_i w_i| in any order
-    (first order in u), with u = 2**-23, the unit of a truncating accumulator (a tensor core's may
-    truncate; round to nearest halves it). The fp64 reference adds H * 2**-53 of the same sum."""
-    width = hidden.shape[1]
-    magnitude = hidden.double().abs() @ gate.double().abs().T
-    return magnitude * ((width - 1) * 2.0 ** -23 * 1.01 + width * 2.0 ** -53), magnitude
-
-
 def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
     tokens, experts = hidden.shape[0], gate.shape[0]
     f32, i32 = dict(dtype=torch.float32), dict(dtype=torch.int32)
@@ -40,7 +31,7 @@ def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
                                               num_expert_group=groups, topk_group=kept, out=out)
     assert weights is out[0] and ids is out[1] and logits is out[2]
     exact = hidden.double() @ gate.double().T
-    bound, magnitude = accumulation_bound(hidden, gate)
+    bound, magnitude = oracle.accumulation_bound(hidden, gate)
     inside = magnitude <= torch.finfo(torch.float32).max  # no partial sum overflows (nor NaN inputs)
     err = (logits.double() - exact).abs()
     assert torch.all(err[inside] <= bound[inside]), err[inside].max()
