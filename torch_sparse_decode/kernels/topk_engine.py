@@ -424,23 +424,38 @@ class RadixTopk:
     @cute.jit
     def flush(self, o: Outputs, src: cute.Tensor, dest: Staging, row: Int32, first: Int32, count: Int32,
               tid: Int32):
-        """A fused build's output: the ``count`` staged ids through ``o``, each thread's few
-        (CAP / THREADS at most) gathered at once. Slots past ``count`` gather id 0's entries
-        (one cached line) so no load sits under a branch."""
+        """A fused build's output: the ``count`` staged ids through ``o``. Each thread gathers its
+        slots' entries at once, in a batch of 1, 2, 4 or 8 slots, the fewest that cover ``count``
+        (a CTA keeps ~k / CTAs ids, so most threads have one slot or none); only the gathers that
+        ``o`` asks for run."""
+        slots = (count + THREADS - 1) // THREADS
+        for n in cutlass.range_constexpr((CAP // THREADS).bit_length()):
+            if (slots > ((1 << n) >> 1)) & (slots <= (1 << n)):
+                self.flush_batch(o, src, dest, row, first, count, tid, 1 << n)
+
+    @cute.jit
+    def flush_batch(self, o: Outputs, src: cute.Tensor, dest: Staging, row: Int32, first: Int32, count: Int32,
+                    tid: Int32, slots: cutlass.Constexpr[int]):
+        """``flush`` with ``slots`` slots a thread. Slots past ``count`` gather id 0's entries
+        (one cached line) so no load sits under a per-slot branch."""
         width = o.out.shape[1]
         last, end, per_page = o.table.shape[1] - 1, src.shape[1] - 1, max(o.page, Int32(1))
-        staged = cute.make_rmem_tensor(CAP // THREADS, Int32)
-        entries = cute.make_rmem_tensor(CAP // THREADS, Int32)
-        picked = cute.make_rmem_tensor(CAP // THREADS, src.element_type)
-        for j in cutlass.range_constexpr(CAP // THREADS):
+        staged = cute.make_rmem_tensor(slots, Int32)
+        entries = cute.make_rmem_tensor(slots, Int32)
+        picked = cute.make_rmem_tensor(slots, src.element_type)
+        for j in cutlass.range_constexpr(slots):
             e = tid + j * THREADS
             # Clamped to the row: exact counts stage every slot below count; memory-safe if not.
             staged[j] = min(max(cutlass.select_(e < count, dest.ids[e], Int32(0)), Int32(0)), end)
-        for j in cutlass.range_constexpr(CAP // THREADS):
-            entries[j] = o.table[row, min(staged[j] // per_page, last)]
-            if cutlass.const_expr(not self.pinned):
-                picked[j] = src[row, min(first + staged[j], end)]
-        for j in cutlass.range_constexpr(CAP // THREADS):
+            entries[j] = Int32(0)
+        if o.page > 0:
+            for j in cutlass.range_constexpr(slots):
+                entries[j] = o.table[row, min(staged[j] // per_page, last)]
+        if cutlass.const_expr(not self.pinned):
+            if (o.want & 2) != 0:
+                for j in cutlass.range_constexpr(slots):
+                    picked[j] = src[row, min(first + staged[j], end)]
+        for j in cutlass.range_constexpr(slots):
             e = tid + j * THREADS
             at = dest.base + e
             if (e < count) & (at < width):
