@@ -32,6 +32,7 @@ import torch
 import torch_sparse_decode as tsd
 from dcp_cases import canonical_rows
 from inputs import same_bits
+import oracle
 from torch_sparse_decode import dcp
 from torch_sparse_decode.ops.dcp import reference
 from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as indexer_reference
@@ -42,8 +43,9 @@ from torch_sparse_decode.ops.select_candidate_blocks_fused.reference import (
     select_candidate_blocks_fused as blocks_fused_reference,
 )
 
-OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route")
-WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12)  # how often each op is drawn
+OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route",
+       "moe_gate_route")
+WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12, 6)  # how often each op is drawn
 FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
             "relu", "bf16_plateau")
 ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
@@ -398,6 +400,35 @@ def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, i
     return "weights: " + diff if diff else ""
 
 
+def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, int]]) -> str:
+    """The router front (T <= 16 on a GPU) and its GEMM path: ids and weights are moe_route's of
+    the sigmoid of its own logits, bit for bit; the logits within the fp32 accumulation bound."""
+    experts, topk, groups, kept = rng.choice(shapes)
+    tokens, width = log_uniform(rng, 1, 40), rng.choice([256, 1024, 2056, 7168])
+    gen = generator(rng)
+    hidden = values(rng, gen, tokens, width).bfloat16()
+    gate = (torch.randn(experts, width, device=DEVICE, generator=gen) * width ** -0.5).bfloat16()
+    if rng.random() < 0.3:  # tied experts
+        gate[1::2] = gate[0::2][: experts // 2]
+    bias = rng.choice([torch.zeros(experts, device=DEVICE), 0.05 * torch.randn(experts, device=DEVICE, generator=gen)])
+    renormalize, scale = rng.random() < 0.8, rng.choice([1.0, 2.5])
+    case.params.update(tokens=tokens, width=width, experts=experts, topk=topk, groups=groups, kept=kept,
+                       renormalize=renormalize)
+    out = (poisoned((tokens, topk), torch.float32), poisoned((tokens, topk), torch.int32),
+           poisoned((tokens, experts), torch.float32))
+    tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale, num_expert_group=groups,
+                       topk_group=kept, out=out)
+    want_w, want_i = tsd.moe_route(torch.sigmoid(out[2]), bias, topk, renormalize=renormalize, scale=scale,
+                                   num_expert_group=groups, topk_group=kept)
+    exact = hidden.double() @ gate.double().T
+    bound, magnitude = oracle.accumulation_bound(hidden, gate)
+    inside = magnitude <= torch.finfo(torch.float32).max
+    if not torch.all((out[2].double() - exact).abs()[inside] <= bound[inside]):
+        return "router_logits outside the fp32 accumulation bound"
+    return (("ids: " + d) if (d := first_difference(out[1], want_i)) else
+            ("weights: " + d) if (d := first_difference(out[0].view(torch.int32), want_w.view(torch.int32))) else "")
+
+
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
     """(the case, '' when it matched the reference else what differed)."""
     blocks, moe, shapes = palette or palettes(seed)
@@ -408,6 +439,8 @@ def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
             diff = topk_case(case, rng, blocks)
         elif case.op.startswith("dcp"):
             diff = dcp_case(case, rng, shapes)
+        elif case.op == "moe_gate_route":
+            diff = gate_case(case, rng, moe)
         else:
             diff = moe_case(case, rng, moe)
     except Exception as err:  # an exception fails its case too, with its reproducer

@@ -3,7 +3,7 @@
     python tests/sanitize.py                    # all three tools; exit 1 on any error
     python tests/sanitize.py --tools memcheck   # one tool
     python tests/sanitize.py --matrix           # the matrix alone, no sanitizer (what each tool runs)
-    python tests/sanitize.py --sections dcp     # a part of the matrix (topk, dcp, moe, fuzz)
+    python tests/sanitize.py --sections dcp     # a part of the matrix (topk, dcp, moe, front, fuzz)
 
 The matrix runs each kernel in the configurations that take its different paths: the top-k
 engine at every cluster size (1, 2, 4, 8 CTAs per row), fp32 / bf16 / block keys / ord16 keys,
@@ -34,7 +34,7 @@ TOOLS = {  # tool -> extra flags
 }
 
 
-SECTIONS = ("topk", "dcp", "moe", "fuzz")
+SECTIONS = ("topk", "dcp", "moe", "front", "fuzz")
 
 
 def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
@@ -157,6 +157,21 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                        f"sigmoid={sigmoid} {dtype}", ids,
                        oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize,
                                         num_expert_group=groups, topk_group=kept)[1])
+    # The router front: T = 1 .. 16 (and 17: the GEMM path), the two model shapes, routing checked
+    # against moe_route of the front's own logits (a graph replay flips the mailbox parity too).
+    for experts, width, topk, groups, kept in ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)) if "front" in sections else ():
+        for tokens in (1, 9, 17) if small else (1, 2, 4, 8, 9, 16, 17):
+            hidden = torch.randn(tokens, width, generator=gen).bfloat16().cuda()
+            gate = (torch.randn(experts, width, generator=gen) * width ** -0.5).bfloat16().cuda()
+            hidden[0, 0] = float("nan")
+            bias = torch.zeros(experts).cuda()
+            for _ in range(2):  # both parities
+                weights, ids, logits = tsd.moe_gate_route(hidden, gate, bias, topk, scale=2.5,
+                                                          num_expert_group=groups, topk_group=kept)
+                want = tsd.moe_route(torch.sigmoid(logits), bias, topk, scale=2.5, num_expert_group=groups,
+                                     topk_group=kept)
+                expect(f"moe_gate_route {experts}/{topk} groups {groups}/{kept} T={tokens}", ids, want[1])
+        tsd.moe_gate_route_check()
     if fuzz_cases and "fuzz" in sections:
         if small:
             fuzz.ELEMENTS = 1 << 20

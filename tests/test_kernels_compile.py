@@ -244,3 +244,27 @@ def test_plain_engine_builds_do_not_spill():
 
 def test_fused_engine_build_does_not_spill():
     assert _engine_spills()[("float32", 8, True)] == 0
+
+
+@pytest.mark.parametrize("experts,width,topk_,groups,kept", [(896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4),
+                                                             (1024, 4096, 32, 1, 1), (64, 256, 4, 8, 4),
+                                                             (17, 2056, 3, 1, 1)])
+def test_router_front_compiles(experts, width, topk_, groups, kept):
+    """The one-launch router front at the model shapes and odd ones (E not a multiple of the
+    CTAs, H not a multiple of 256), with and without renormalization."""
+    from torch_sparse_decode.ops.moe_gate_route import front
+
+    for renormalize, chunk in ((True, 1), (False, 8), (True, 4)):
+        assert front.compiled(experts, width, topk_, renormalize, groups, kept, front.ctas_for(experts, 132), chunk)
+
+
+def test_router_front_shared_memory_fits_sm90():
+    """Staged hidden states (CHUNK tokens of the widest hidden the front takes) plus the routing's
+    arrays fit 227 KiB, one CTA per SM."""
+    from torch_sparse_decode.ops.moe_gate_route import front
+    from torch_sparse_decode.ops.moe_route.kernel import MAX_EXPERTS, WARPS
+
+    staged = front.CHUNK * front.MAX_WIDTH * 2
+    partial = WARPS * front.CHUNK * 9 * 4  # up to 9 experts a CTA (1024 experts on 114 SMs)
+    routing = WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4
+    assert staged + partial + routing + 11 * 16 <= 227 * 1024

@@ -47,7 +47,7 @@ def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
-@pytest.mark.parametrize("tokens", [1, 4, 8, 17, 64])
+@pytest.mark.parametrize("tokens", [1, 2, 3, 8, 9, 16, 17, 64, 200])  # <= 16: the one-launch front on a GPU
 def test_routing_is_moe_route_of_its_own_logits(device, shape, tokens):
     experts, width, topk, groups, kept, scale = shape
     check(*inputs(tokens, experts, width, tokens, device), topk, groups, kept, scale)
@@ -134,3 +134,23 @@ def test_bad_arguments():
     for kind, message, call in cases:
         with pytest.raises(kind, match=message.replace("(", r"\(").replace(")", r"\)")):
             call()
+
+
+@pytest.mark.gpu
+def test_a_record_never_published_ends_in_the_error_word():
+    """A producer that never publishes an expert's record: the consumers' wait runs out, the
+    launch finishes (no hang), and the host check raises; the next launch is clean again."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch_sparse_decode.ops.moe_gate_route import kernel
+
+    hidden, gate, bias = inputs(4, 256, 7168, 9, "cuda")
+    out = (torch.empty(4, 8, device="cuda"), torch.empty(4, 8, dtype=torch.int32, device="cuda"),
+           torch.empty(4, 256, device="cuda"))
+    tsd.moe_gate_route_check()
+    kernel.moe_gate_route(hidden, gate, bias, 8, True, 2.5, 8, 4, *out, timeout_ns=1_000_000, skip=5)
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="timed out waiting for its score records"):
+        tsd.moe_gate_route_check()
+    tsd.moe_gate_route_check()  # reported once; the mailbox was made anew
+    check(hidden, gate, bias, 8, 8, 4, 2.5)

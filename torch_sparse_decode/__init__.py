@@ -25,7 +25,7 @@ from ._library import register_warmup, registered_ops, run_warmups
 from .ops.decode_row_lengths.op import decode_row_lengths
 from .ops.indexer_topk.op import indexer_topk
 from .ops.indexer_topk_fused.op import FusedTopk, indexer_topk_fused
-from .ops.moe_gate_route.op import moe_gate_route
+from .ops.moe_gate_route.op import moe_gate_route, moe_gate_route_check
 from .ops.moe_route.op import moe_route
 from .ops.select_candidate_blocks.op import select_candidate_blocks
 from .ops.select_candidate_blocks_fused.op import select_candidate_blocks_fused
@@ -35,6 +35,7 @@ __version__ = "0.1.0"
 __all__ = [
     "moe_route",
     "moe_gate_route",
+    "moe_gate_route_check",
     "select_candidate_blocks",
     "select_candidate_blocks_fused",
     "indexer_topk",

@@ -1,34 +1,91 @@
-"""The CUDA path of ``moe_gate_route``: the router GEMM on cuBLAS (bf16 in, fp32 accumulation and
-output, straight into ``router_logits``), then the ``moe_route`` kernel with its sigmoid (the
-formula torch's CUDA sigmoid uses). Two launches, no host sync, CUDA-graph safe.
+"""The CUDA path of ``moe_gate_route``.
 
-The routing reads only the op's own ``router_logits``, so ids and weights are bit-identical to
-``moe_route(torch.sigmoid(router_logits), ...)`` on the device. The seed's one-launch front (GEMV
-CTAs publishing score records to a mailbox that routing CTAs poll) is not built yet: this is the
-path it is measured against, and the one that larger batches keep.
+- Decode batches (T <= ``front.MAX_TOKENS``, and no more tokens than the front's CTAs): the
+  one-launch front of ``front.py``, the router GEMV publishing score records to a mailbox that
+  the routing CTAs poll.
+- Larger batches: the router GEMM on cuBLAS (bf16 in, fp32 accumulation and output, straight into
+  ``router_logits``), then the ``moe_route`` kernel with its sigmoid. Two launches.
+
+Both route the op's own ``router_logits`` with ``moe_route``'s arithmetic, so ids and weights
+are bit-identical to ``moe_route(torch.sigmoid(router_logits), ...)`` on the device. No host
+sync, CUDA-graph safe; the front's mailbox is allocated by ``warm`` (``warmup()``) or the first
+call outside a capture, one per device and expert count.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ...kernels.topk_engine import sm_count
 from ..moe_route import kernel as route
+from . import front
+
+TIMEOUT_NS = 2_000_000_000  # a consumer's bound on waiting for the records (the error word after it)
+_WORKSPACES: dict[tuple, front.Workspace] = {}
+
+
+def mailbox(device: torch.device, experts: int) -> front.Workspace:
+    """The front's workspace for ``device`` and ``experts``, made on first use (never inside a
+    CUDA graph capture: a capture would own it)."""
+    key = (device, experts)
+    if key not in _WORKSPACES:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("moe_gate_route: call torch_sparse_decode.warmup() (or the op once) before capturing "
+                               f"a CUDA graph: the router front's mailbox for {experts} experts is not allocated yet")
+        _WORKSPACES[key] = front.workspace(device, experts)
+    return _WORKSPACES[key]
+
+
+def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:
+    """Whether the front takes the batch: at most MAX_TOKENS tokens, no more than its CTAs, and
+    rows it can read as 16-byte-aligned int32 words (host metadata only)."""
+    (tokens, width), experts = hidden.shape, gate_weight.shape[0]
+    return (0 < tokens <= min(front.MAX_TOKENS, front.ctas_for(experts, sm_count(hidden.device)))
+            and width % 8 == 0 and width <= front.MAX_WIDTH
+            and hidden.data_ptr() % 16 == 0 and gate_weight.data_ptr() % 16 == 0)
 
 
 def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expert_group, topk_group, weights, ids,
-                   router_logits) -> None:
-    """The CUDA path of ``sparse_decode::moe_gate_route`` (arguments already checked)."""
-    if hidden.shape[0] == 0:
+                   router_logits, *, timeout_ns: int = TIMEOUT_NS, skip: int = -1) -> None:
+    """The CUDA path of ``sparse_decode::moe_gate_route`` (arguments already checked). ``skip``
+    (tests only): an expert whose records the front never publishes."""
+    tokens, width = hidden.shape
+    experts = gate_weight.shape[0]
+    if tokens == 0:
+        return
+    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    if uses_front(hidden, gate_weight):
+        box = mailbox(hidden.device, experts)
+        ctas = front.ctas_for(experts, sm_count(hidden.device))
+        front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens))(
+            hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
+            box.words, box.state, timeout_ns, skip)
         return
     torch.mm(hidden, gate_weight.t(), out_dtype=torch.float32, out=router_logits)
     route.moe_route(router_logits, bias, topk, renormalize, scale, True, num_expert_group, topk_group, weights, ids)
 
 
-# The routing configurations warmup() compiles: Kimi K3 (896 experts, top 16) and DeepSeek-V3
-# (256 experts, 8 groups of which 4 kept, top 8), both with the sigmoid.
-WARM_CONFIGS = [(896, 16, True, True, 1, 1), (256, 8, True, True, 8, 4)]
+def check(device: torch.device | None = None) -> None:
+    """Raise if a front launch on ``device`` timed out waiting for its records (a host sync: call
+    it between steps, not inside a capture). The mailbox may then hold stale records: it is made
+    anew."""
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    for (where, experts), box in list(_WORKSPACES.items()):
+        if where == device and int(box.state[2].item()) != 0:
+            del _WORKSPACES[(where, experts)]
+            raise RuntimeError(f"moe_gate_route: a router front launch on {device} ({experts} experts) timed out "
+                               "waiting for its score records; its outputs were not valid")
+
+
+# The configurations warmup() compiles: Kimi K3 (896 experts, hidden 7168, top 16) and
+# DeepSeek-V3 (256 experts, 8 groups of which 4 kept, top 8); the routing of the larger batches too.
+WARM_CONFIGS = [(896, 7168, 16, True, 1, 1), (256, 7168, 8, True, 8, 4)]
 
 
 def warm(device: torch.device) -> None:
-    for config in WARM_CONFIGS:
-        route.compiled(*config)
+    for experts, width, topk, renormalize, groups, kept in WARM_CONFIGS:
+        for chunk in (1, 2, 4, 8):
+            front.compiled(experts, width, topk, renormalize, groups, kept, front.ctas_for(experts, sm_count(device)),
+                           chunk)
+        route.compiled(experts, topk, renormalize, True, groups, kept)
+        mailbox(device, experts)

@@ -84,3 +84,12 @@ def moe_gate_route(
     torch.ops.sparse_decode.moe_gate_route(hidden, gate_weight, bias, topk, renormalize, float(scale),
                                            num_expert_group, topk_group, weights, ids, router_logits)
     return weights, ids, router_logits
+
+
+def moe_gate_route_check(device: torch.device | str | None = None) -> None:
+    """Raise ``RuntimeError`` if a router front launch on the CUDA ``device`` (default: the
+    current one) ran out of time waiting for its score records since the last check. It reads a
+    device word (a host sync): call it between steps, as a runner checks for NaNs. No-op without
+    CUDA."""
+    if torch.cuda.is_available():
+        _kernel().check(device)

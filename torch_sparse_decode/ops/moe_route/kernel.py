@@ -72,6 +72,12 @@ def expert_key(key: Float32, expert: Int32) -> Int64:
 
 
 @cute.jit
+def sigmoid(x: Float32) -> Float32:
+    """``1 / (1 + exp(-x))`` with the accurate ``expf`` and an IEEE division: torch's CUDA formula."""
+    return Float32(1.0) / (Float32(1.0) + cute.math.exp(-x, fastmath=False))
+
+
+@cute.jit
 def warp_sum(value):
     """``value`` summed over the warp (butterfly: every lane gets the sum)."""
     for s in cutlass.range_constexpr(5):
@@ -268,9 +274,35 @@ class MoeRoute:
                ids: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
-        warp, lane = tid // 32, tid % 32
+        self.route(cutlass.memory.SmemAllocator(), (scores, bias), token, scale, weights, ids, tid)
 
-        smem = cutlass.memory.SmemAllocator()
+    @cute.jit
+    def load_keys(self, src, token: Int32, keys: cute.Tensor, score_of: cute.Tensor, value: cute.Tensor,
+                  tid: Int32):
+        """Step 1: this thread's experts' keys and unbiased scores (``value``: every expert's
+        canonical key, for grouped routing) from ``src`` = (scores, bias)."""
+        scores, bias = src
+        for i in cutlass.range_constexpr(self.per_thread):
+            expert = tid + THREADS * i
+            keys[i] = Int64(KEY_NONE)
+            score_of[i] = Float32(0.0)
+            if expert < self.experts:
+                score = scores[token, expert].to(Float32)
+                if cutlass.const_expr(self.apply_sigmoid):
+                    score = sigmoid(score)
+                key = score + bias[expert].to(Float32)
+                if (score != score) | (key != key):
+                    score = Float32(0.0)
+                    key = -Float32.inf
+                keys[i] = expert_key(key, expert)
+                score_of[i] = score
+                if cutlass.const_expr(self.groups > 1):
+                    value[expert] = canonical(key)
+
+    @cute.jit
+    def route(self, smem, src, token: Int32, scale: Float32, weights: cute.Tensor, ids: cute.Tensor, tid: Int32):
+        """Steps 1-5 for one token, its keys from ``src`` by ``load_keys``."""
+        warp, lane = tid // 32, tid % 32
         group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 64), stride=(64, 1)), 16)
         maxima = smem.allocate_tensor(Int64, cute.make_layout(64), 16)
         threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
@@ -283,22 +315,7 @@ class MoeRoute:
         keys = cute.make_rmem_tensor(self.per_thread, Int64)
         score_of = cute.make_rmem_tensor(self.per_thread, Float32)
         value = cand_weight  # grouped routing: every expert's canonical key, until the selection reuses it
-        for i in cutlass.range_constexpr(self.per_thread):
-            expert = tid + THREADS * i
-            keys[i] = Int64(KEY_NONE)
-            score_of[i] = Float32(0.0)
-            if expert < self.experts:
-                score = scores[token, expert].to(Float32)
-                if cutlass.const_expr(self.apply_sigmoid):
-                    score = Float32(1.0) / (Float32(1.0) + cute.math.exp(-score, fastmath=False))
-                key = score + bias[expert].to(Float32)
-                if (score != score) | (key != key):
-                    score = Float32(0.0)
-                    key = -Float32.inf
-                keys[i] = expert_key(key, expert)
-                score_of[i] = score
-                if cutlass.const_expr(self.groups > 1):
-                    value[expert] = canonical(key)
+        self.load_keys(src, token, keys, score_of, value, tid)
 
         # 2. Grouped routing: only the experts of the best groups stay.
         if cutlass.const_expr(self.groups > 1):

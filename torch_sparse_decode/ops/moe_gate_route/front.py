@@ -1,0 +1,247 @@
+"""The one-launch router front (CuTe DSL): the router GEMV and the routing of a decode batch.
+
+Every CTA of the launch (one per SM at most, so all are co-resident) first produces: it owns
+``rows`` consecutive experts, stages the batch's hidden states in shared memory CHUNK tokens at
+a time, and each warp takes an expert row, reading its weights once per chunk from global memory
+and its tokens from shared memory, summing bf16 products in fp32 (FMA; a butterfly across the
+lanes). For each (token, expert) it writes the logit to ``router_logits`` and publishes the record
+(sigmoid score, score + bias) as one 64-bit word of the mailbox. Then CTA t < T consumes: it polls
+token t's records until every expert's is published, resets them, and runs ``moe_route``'s
+routing on them (``MoeRoute.route``), so ids and weights are those of ``moe_route`` with its
+sigmoid on the same logits, bit for bit.
+
+The mailbox (``Mailbox``) is [2 parities, MAX_TOKENS, E] words that hold SENTINEL when not
+published. A record is canonical first (NaN -> (0, -inf), -0.0 -> +0.0), so its words are never
+the sentinel's (0x80000000 is -0.0). The launch reads its parity from ``state[0]``; its last CTA
+advances it, so a captured graph's replays alternate. Consumers reset their records before the
+parity comes round again. A wait that runs past ``timeout_ns`` on %globaltimer treats the missing
+records as (0, -inf), finishes, and sets ``state[2]``; ``check`` raises on the host.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint32
+
+from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
+from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
+
+MAX_TOKENS = 16  # the front's batch limit (CUDA-core FMAs); larger batches take the GEMM + routing path
+CHUNK = 8  # the most tokens staged in shared memory at a time (8 x 7168 bf16: 112 KiB)
+MAX_WIDTH = 8192  # the widest hidden the front stages (wider: the GEMM path)
+SENTINEL = 0x80000000
+UNPUBLISHED = ((SENTINEL << 32) | SENTINEL) - (1 << 64)  # a mailbox word no record can be (as int64)
+TIMED_OUT = 1  # state[2]: a consumer's wait ran out
+
+
+class Mailbox(NamedTuple):
+    words: cute.Tensor  # Int64 [2 * MAX_TOKENS * E]
+    state: cute.Tensor  # Int64 [4]: the launch count (its parity), CTAs done, error word, unused
+    parity: Int32
+    timeout_ns: Int64
+
+
+@cute.jit
+def bf16_pair(word: Uint32):
+    """The two bf16 of a 32-bit word (element 2j low, 2j + 1 high) as fp32."""
+    return (word << Uint32(16)).bitcast(Float32), (word & Uint32(0xFFFF0000)).bitcast(Float32)
+
+
+@cute.jit
+def record_of(logit: Float32, bias: Float32) -> Int64:
+    """The published record of a logit: (score bits, then score + bias bits above them), NaN as
+    (0, -inf) and -0.0 as +0.0, exactly as ``moe_route`` keys the score."""
+    score = sigmoid(logit)
+    key = score + bias
+    if (score != score) | (key != key):
+        score = Float32(0.0)
+        key = -Float32.inf
+    key = canonical(key)
+    return (Int64(key.bitcast(Uint32)) << 32) | Int64(score.bitcast(Uint32))
+
+
+@cute.jit
+def word_at(words: cute.Tensor, at: Int32):
+    return cute.make_ptr(Int64, (words.iterator + at).toint(), cute.AddressSpace.gmem, assumed_align=8)
+
+
+class GateFront(MoeRoute):
+    """The front at one static configuration: E, H, topk, renormalize, groups, CTAs."""
+
+    def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
+                 ctas: int, chunk: int):
+        super().__init__(experts, topk, renormalize, True, groups, topk_group)
+        self.width, self.words = width, width // 2
+        self.ctas, self.chunk = ctas, chunk
+        self.rows = -(-experts // ctas)  # experts per CTA
+        assert self.rows * chunk <= THREADS
+
+    @cute.jit
+    def __call__(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, scale: Float32,
+                 weights: cute.Tensor, ids: cute.Tensor, logits: cute.Tensor, words: cute.Tensor,
+                 state: cute.Tensor, timeout_ns: Int64, skip: Int32, stream):
+        self.kernel(hidden, gate, bias, scale, weights, ids, logits, words, state, timeout_ns, skip).launch(
+            grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.jit
+    def produce(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor,
+                staged: cute.Tensor, partial: cute.Tensor, box: Mailbox, skip: Int32, cta: Int32, tid: Int32):
+        """This CTA's experts' logits for every token, published to the mailbox. Per chunk of
+        ``chunk`` tokens: the hidden states to shared memory; each thread takes columns
+        tid + THREADS * k of every one of the CTA's rows (each weight read once, used for the
+        chunk's tokens from registers); the CTA sums the threads' parts (butterfly, then the
+        warps in order)."""
+        warp, lane = tid // 32, tid % 32
+        tokens = hidden.shape[0]
+        rows, chunk = self.rows, self.chunk
+        for first in range(0, tokens, chunk):
+            cute.arch.sync_threads()  # the previous chunk's staged words and partials are read
+            for at in range(tid, chunk * self.words, THREADS):
+                t = first + at // self.words
+                word = Uint32(0)
+                if t < tokens:
+                    word = Uint32(hidden[t, at % self.words])
+                staged[at] = word
+            cute.arch.sync_threads()
+            acc = cute.make_rmem_tensor(rows * chunk, Float32)
+            for q in cutlass.range_constexpr(rows * chunk):
+                acc[q] = Float32(0.0)
+            for k in cutlass.range_constexpr(-(-self.words // THREADS)):
+                j = tid + THREADS * k
+                if j < self.words:
+                    xs = cute.make_rmem_tensor(chunk, Uint32)
+                    for t in cutlass.range_constexpr(chunk):
+                        xs[t] = staged[t * self.words + j]
+                    for r in cutlass.range_constexpr(rows):
+                        expert = min(cta * rows + r, self.experts - 1)  # a CTA's rows past E: discarded
+                        g0, g1 = bf16_pair(Uint32(gate[expert, j]))
+                        for t in cutlass.range_constexpr(chunk):
+                            x0, x1 = bf16_pair(xs[t])
+                            # bf16 products are exact in fp32: FMA or not, one rounding per add
+                            acc[r * chunk + t] = g0 * x0 + acc[r * chunk + t]
+                            acc[r * chunk + t] = g1 * x1 + acc[r * chunk + t]
+            for q in cutlass.range_constexpr(rows * chunk):
+                total = warp_sum(acc[q])
+                if lane == 0:
+                    partial[warp * rows * chunk + q] = total
+            cute.arch.sync_threads()
+            if tid < rows * chunk:
+                r, t = tid // chunk, first + tid % chunk
+                expert = cta * rows + r
+                logit = partial[tid]
+                for w in cutlass.range_constexpr(1, WARPS):
+                    logit = logit + partial[w * rows * chunk + tid]
+                if (t < tokens) & (expert < self.experts):
+                    logits[t, expert] = logit
+                    if expert != skip:  # tests: a record never published
+                        at = (box.parity * MAX_TOKENS + t) * self.experts + expert
+                        cute.arch.store(word_at(box.words, at), record_of(logit, bias[expert]), sem="relaxed",
+                                        scope="gpu")
+
+    @cute.jit
+    def load_keys(self, box: Mailbox, token: Int32, keys: cute.Tensor, score_of: cute.Tensor, value: cute.Tensor,
+                  tid: Int32):
+        """Step 1 from the mailbox: poll this thread's experts' records of ``token`` until all are
+        published (or the wait runs out: missing ones count as (0, -inf)), then reset them."""
+        base = (box.parity * MAX_TOKENS + token) * self.experts
+        records = cute.make_rmem_tensor(self.per_thread, Int64)
+        for i in cutlass.range_constexpr(self.per_thread):
+            records[i] = Int64(UNPUBLISHED)
+        start = cute.arch.globaltimer()
+        missing = Int32(1)
+        while (missing != 0) & (cute.arch.globaltimer() - start < box.timeout_ns):
+            missing = Int32(0)
+            for i in cutlass.range_constexpr(self.per_thread):
+                expert = tid + THREADS * i
+                if (expert < self.experts) & (records[i] == Int64(UNPUBLISHED)):
+                    word = cute.arch.load(word_at(box.words, base + expert), Int64, sem="relaxed", scope="gpu")
+                    published = (Uint32(word & Int64(0xFFFFFFFF)) != Uint32(SENTINEL)) & (
+                        Uint32(word >> 32) != Uint32(SENTINEL))
+                    if published:
+                        records[i] = word
+                    else:
+                        missing = missing + 1
+        if missing != 0:
+            cute.arch.atomic_or(box.state.iterator + 2, Int64(TIMED_OUT))
+        for i in cutlass.range_constexpr(self.per_thread):
+            expert = tid + THREADS * i
+            keys[i] = Int64(KEY_NONE)
+            score_of[i] = Float32(0.0)
+            if expert < self.experts:
+                cute.arch.store(word_at(box.words, base + expert), Int64(UNPUBLISHED))
+                score = Float32(0.0)
+                key = -Float32.inf
+                if records[i] != Int64(UNPUBLISHED):
+                    score = Uint32(records[i] & Int64(0xFFFFFFFF)).bitcast(Float32)
+                    key = Uint32(records[i] >> 32).bitcast(Float32)
+                keys[i] = expert_key(key, expert)
+                score_of[i] = score
+                if cutlass.const_expr(self.groups > 1):
+                    value[expert] = key
+
+    @cute.kernel
+    def kernel(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, scale: Float32,
+               weights: cute.Tensor, ids: cute.Tensor, logits: cute.Tensor, words: cute.Tensor,
+               state: cute.Tensor, timeout_ns: Int64, skip: Int32):
+        tid, _, _ = cute.arch.thread_idx()
+        cta, _, _ = cute.arch.block_idx()
+        box = Mailbox(words, state, Int32(state[0] & Int64(1)), timeout_ns)
+        smem = cutlass.memory.SmemAllocator()
+        staged = smem.allocate_tensor(Uint32, cute.make_layout(self.chunk * self.words), 16)
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
+        self.produce(hidden, gate, bias, logits, staged, partial, box, skip, cta, tid)
+        if cta < hidden.shape[0]:
+            self.route(smem, box, cta, scale, weights, ids, tid)
+        cute.arch.sync_threads()
+        if tid == 0:  # the launch's last CTA advances the parity
+            done = cute.arch.atomic_add(state.iterator + 1, Int64(1), sem="acq_rel", scope="gpu")
+            if done == Int64(self.ctas - 1):
+                state[1] = Int64(0)
+                state[0] = state[0] + Int64(1)
+
+
+@cached_kernel("moe_gate_route")
+def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
+             chunk: int):
+    """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
+    ``gate`` are passed as int32 words (two bf16 each)."""
+    tokens = cute.sym_int()
+    hidden = fake_tensor(Int32, (tokens, width // 2), (width // 2, 1), 16)
+    gate = fake_tensor(Int32, (experts, width // 2), (width // 2, 1), 16)
+    bias = fake_tensor(Float32, (experts,), (1,))
+    weights = fake_tensor(Float32, (tokens, topk), (topk, 1))
+    ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
+    logits = fake_tensor(Float32, (tokens, experts), (experts, 1))
+    words = fake_tensor(Int64, (2 * MAX_TOKENS * experts,), (1,), 8)
+    state = fake_tensor(Int64, (4,), (1,), 8)
+    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk)
+    return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
+                        Int32(-1), fake_stream(), options="--enable-tvm-ffi")
+
+
+def chunk_for(tokens: int) -> int:
+    """Tokens per chunk: the batch's power of two up to CHUNK (FMAs scale with it)."""
+    return min(CHUNK, 1 << max(tokens - 1, 0).bit_length())
+
+
+def ctas_for(experts: int, sms: int) -> int:
+    """CTAs of a launch: at most one per SM (co-resident, so no consumer waits on a producer that
+    cannot start), as few as leave every CTA the same number of experts."""
+    rows = -(-experts // sms)
+    return -(-experts // rows)
+
+
+class Workspace(NamedTuple):
+    words: torch.Tensor
+    state: torch.Tensor
+
+
+def workspace(device: torch.device, experts: int) -> Workspace:
+    """A fresh mailbox (every word unpublished) and state, for one device and expert count."""
+    words = torch.full((2 * MAX_TOKENS * experts,), UNPUBLISHED, dtype=torch.int64, device=device)
+    return Workspace(words, torch.zeros(4, dtype=torch.int64, device=device))
