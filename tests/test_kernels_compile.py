@@ -254,17 +254,19 @@ def test_router_front_compiles(experts, width, topk_, groups, kept):
     CTAs, H not a multiple of 256), with and without renormalization."""
     from torch_sparse_decode.ops.moe_gate_route import front
 
-    for renormalize, chunk in ((True, 1), (False, 8), (True, 4)):
+    for renormalize, chunk in ((True, 1), (False, 2), (True, 4)):
         assert front.compiled(experts, width, topk_, renormalize, groups, kept, front.ctas_for(experts, 132), chunk)
 
 
 def test_router_front_shared_memory_fits_sm90():
-    """Staged hidden states (CHUNK tokens of the widest hidden the front takes) plus the routing's
-    arrays fit 227 KiB, one CTA per SM."""
+    """The routing's arrays as the front counts them, and the model shapes' launches on an H200
+    (132 SMs) and an H100 PCIe (114) fit 227 KiB, one CTA per SM; a shape that would not fit
+    takes the GEMM path."""
     from torch_sparse_decode.ops.moe_gate_route import front
     from torch_sparse_decode.ops.moe_route.kernel import MAX_EXPERTS, WARPS
 
-    staged = front.CHUNK * front.MAX_WIDTH * 2
-    partial = WARPS * front.CHUNK * 9 * 4  # up to 9 experts a CTA (1024 experts on 114 SMs)
-    routing = WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4
-    assert staged + partial + routing + 11 * 16 <= 227 * 1024
+    assert front.ROUTING_SMEM == WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4 + 11 * 16
+    for experts, width in ((896, 7168), (256, 7168), (1024, 8192)):
+        for sms in (132, 114):
+            assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT
+    assert front.smem_bytes(1024, 8192, front.ctas_for(1024, 40), front.CHUNK) > front.SMEM_LIMIT

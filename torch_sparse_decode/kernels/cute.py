@@ -4,7 +4,28 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32, Int64, Uint32
+
+
+@cute.jit
+def copy_async16(dst: Int32, src: Int64, nbytes: Int32):
+    """cp.async of 16 bytes from global ``src`` to shared ``dst``, of which the first ``nbytes``
+    are read and the rest zero-filled (both addresses 16-byte aligned)."""
+    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16, {$r2};", read_only_args=[dst, src, nbytes])
+
+
+@cute.jit
+def load_global16(src: Int64):
+    """16 bytes of read-only global memory at ``src`` (16-byte aligned) as four 32-bit words."""
+    return cute.arch.inline_ptx("ld.global.nc.v4.u32 { {$w0}, {$w1}, {$w2}, {$w3} }, [{$r0}];",
+                                write_only_types=[Uint32] * 4, read_only_args=[src])
+
+
+@cute.jit
+def load_shared16(src: Int32):
+    """16 bytes of shared memory at ``src`` (16-byte aligned) as four 32-bit words."""
+    return cute.arch.inline_ptx("ld.shared.v4.u32 { {$w0}, {$w1}, {$w2}, {$w3} }, [{$r0}];",
+                                write_only_types=[Uint32] * 4, read_only_args=[src])
 
 
 @cute.jit

@@ -48,7 +48,7 @@ import cutlass.cute as cute
 from cutlass import BFloat16, Boolean, Float16, Float32, Int32, Int64, Uint32
 
 from .compile import cached_kernel, fake_stream, fake_tensor
-from .cute import begin_marks, block_exclusive, stamp, warps_before, zero_fill
+from .cute import begin_marks, block_exclusive, copy_async16, stamp, warps_before, zero_fill
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -103,13 +103,6 @@ def ord16_key(x: Float32) -> Uint32:
     b = cutlass.select_(b == Uint32(0x8000), Uint32(0), b)  # -0.0 ties +0.0
     ord16 = cutlass.select_(b >= Uint32(0x8000), Uint32(0xFFFF) - b, b | Uint32(0x8000))
     return Uint32(ord16 << Uint32(16))
-
-
-@cute.jit
-def copy_async16(dst: Int32, src: Int64, nbytes: Int32):
-    """cp.async of 16 bytes from global ``src`` to shared ``dst``, of which the first ``nbytes``
-    are read and the rest zero-filled (both addresses 16-byte aligned)."""
-    cute.arch.inline_ptx("cp.async.cg.shared.global [{$r0}], [{$r1}], 16, {$r2};", read_only_args=[dst, src, nbytes])
 
 
 @cute.jit

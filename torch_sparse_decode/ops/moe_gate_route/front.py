@@ -1,10 +1,11 @@
 """The one-launch router front (CuTe DSL): the router GEMV and the routing of a decode batch.
 
 Every CTA of the launch (one per SM at most, so all are co-resident) first produces: it owns
-``rows`` consecutive experts, stages the batch's hidden states in shared memory CHUNK tokens at
-a time, and each warp takes an expert row, reading its weights once per chunk from global memory
-and its tokens from shared memory, summing bf16 products in fp32 (FMA; a butterfly across the
-lanes). For each (token, expert) it writes the logit to ``router_logits`` and publishes the record
+``rows`` consecutive experts and copies their weight rows to shared memory at once (cp.async), so
+the whole read of the weights is in flight from the start. Each thread owns a few 16-byte column
+vectors of every row; it holds the same columns of CHUNK tokens' hidden states in registers and
+sums the bf16 products in fp32 (FMA), then the CTA reduces (a butterfly, then the warps in order).
+For each (token, expert) it writes the logit to ``router_logits`` and publishes the record
 (sigmoid score, score + bias) as one 64-bit word of the mailbox. Then CTA t < T consumes: it polls
 token t's records until every expert's is published, resets them, and runs ``moe_route``'s
 routing on them (``MoeRoute.route``), so ids and weights are those of ``moe_route`` with its
@@ -29,10 +30,11 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
-from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
+from ...kernels.cute import copy_async16, load_global16, load_shared16
+from ..moe_route.kernel import KEY_NONE, MAX_EXPERTS, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
 
 MAX_TOKENS = 16  # the front's batch limit (CUDA-core FMAs); larger batches take the GEMM + routing path
-CHUNK = 8  # the most tokens staged in shared memory at a time (8 x 7168 bf16: 112 KiB)
+CHUNK = 4  # the most tokens whose hidden vectors a thread holds in registers at a time
 MAX_WIDTH = 8192  # the widest hidden the front stages (wider: the GEMM path)
 SENTINEL = 0x80000000
 UNPUBLISHED = ((SENTINEL << 32) | SENTINEL) - (1 << 64)  # a mailbox word no record can be (as int64)
@@ -76,7 +78,8 @@ class GateFront(MoeRoute):
     def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
                  ctas: int, chunk: int):
         super().__init__(experts, topk, renormalize, True, groups, topk_group)
-        self.width, self.words = width, width // 2
+        self.width, self.words, self.vecs = width, width // 2, width // 8  # bf16, 32-bit words, 16-byte vectors
+        self.per = -(-self.vecs // THREADS)  # a thread's vectors of a row
         self.ctas, self.chunk = ctas, chunk
         self.rows = -(-experts // ctas)  # experts per CTA
         assert self.rows * chunk <= THREADS
@@ -89,42 +92,64 @@ class GateFront(MoeRoute):
             grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.jit
+    def stage_weights(self, gate: cute.Tensor, staged: cute.Tensor, cta: Int32, tid: Int32):
+        """Every weight row of this CTA's experts to shared memory at once (cp.async, one commit
+        group per column slice k, so slice k can be used while later ones land). Each thread
+        copies only the 16-byte vectors it reads itself, so waiting needs no CTA barrier."""
+        for k in cutlass.range_constexpr(self.per):
+            v = tid + THREADS * k
+            if v < self.vecs:
+                for r in cutlass.range_constexpr(self.rows):
+                    expert = min(cta * self.rows + r, self.experts - 1)  # a CTA's rows past E: discarded
+                    at = r * self.words + 4 * v
+                    copy_async16(Int32((staged.iterator + at).toint()),
+                                 Int64((gate.iterator + (Int64(expert) * self.words + 4 * v)).toint()), Int32(16))
+            cute.arch.cp_async_commit_group()
+
+    @cute.jit
     def produce(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor,
                 staged: cute.Tensor, partial: cute.Tensor, box: Mailbox, skip: Int32, cta: Int32, tid: Int32):
-        """This CTA's experts' logits for every token, published to the mailbox. Per chunk of
-        ``chunk`` tokens: the hidden states to shared memory; each thread takes columns
-        tid + THREADS * k of every one of the CTA's rows (each weight read once, used for the
-        chunk's tokens from registers); the CTA sums the threads' parts (butterfly, then the
-        warps in order)."""
+        """This CTA's experts' logits for every token, published to the mailbox. Thread tid owns
+        the 16-byte column vectors tid + THREADS * k (8 bf16 each) of every row: its weights come
+        from shared memory (``stage_weights``), its hidden vectors of ``chunk`` tokens straight
+        from global memory into registers, so each weight is read once from HBM and each hidden
+        word once per CTA. The CTA then sums the threads' parts (butterfly, then the warps in
+        order)."""
         warp, lane = tid // 32, tid % 32
         tokens = hidden.shape[0]
-        rows, chunk = self.rows, self.chunk
+        rows, chunk, per = self.rows, self.chunk, self.per
+        self.stage_weights(gate, staged, cta, tid)
         for first in range(0, tokens, chunk):
-            cute.arch.sync_threads()  # the previous chunk's staged words and partials are read
-            for at in range(tid, chunk * self.words, THREADS):
-                t = first + at // self.words
-                word = Uint32(0)
-                if t < tokens:
-                    word = Uint32(hidden[t, at % self.words])
-                staged[at] = word
-            cute.arch.sync_threads()
+            xs = cute.make_rmem_tensor(chunk * per * 4, Uint32)  # (token, k, word)
+            for k in cutlass.range_constexpr(per):
+                v = tid + THREADS * k
+                for t in cutlass.range_constexpr(chunk):
+                    for w in cutlass.range_constexpr(4):
+                        xs[(t * per + k) * 4 + w] = Uint32(0)
+                    if (v < self.vecs) & (first + t < tokens):
+                        x = load_global16(Int64((hidden.iterator + (Int64(first + t) * self.words + 4 * v)).toint()))
+                        for w in cutlass.range_constexpr(4):
+                            xs[(t * per + k) * 4 + w] = x[w]
             acc = cute.make_rmem_tensor(rows * chunk, Float32)
             for q in cutlass.range_constexpr(rows * chunk):
                 acc[q] = Float32(0.0)
-            for k in cutlass.range_constexpr(-(-self.words // THREADS)):
-                j = tid + THREADS * k
-                if j < self.words:
-                    xs = cute.make_rmem_tensor(chunk, Uint32)
+            for k in cutlass.range_constexpr(per):
+                v = tid + THREADS * k
+                cute.arch.cp_async_wait_group(per - 1 - k)  # slice k has landed (no-op after chunk 0)
+                if v < self.vecs:
+                    xf = cute.make_rmem_tensor(chunk * 8, Float32)
                     for t in cutlass.range_constexpr(chunk):
-                        xs[t] = staged[t * self.words + j]
+                        for w in cutlass.range_constexpr(4):
+                            xf[t * 8 + 2 * w], xf[t * 8 + 2 * w + 1] = bf16_pair(xs[(t * per + k) * 4 + w])
                     for r in cutlass.range_constexpr(rows):
-                        expert = min(cta * rows + r, self.experts - 1)  # a CTA's rows past E: discarded
-                        g0, g1 = bf16_pair(Uint32(gate[expert, j]))
-                        for t in cutlass.range_constexpr(chunk):
-                            x0, x1 = bf16_pair(xs[t])
-                            # bf16 products are exact in fp32: FMA or not, one rounding per add
-                            acc[r * chunk + t] = g0 * x0 + acc[r * chunk + t]
-                            acc[r * chunk + t] = g1 * x1 + acc[r * chunk + t]
+                        g = load_shared16(Int32((staged.iterator + (r * self.words + 4 * v)).toint()))
+                        for w in cutlass.range_constexpr(4):
+                            g0, g1 = bf16_pair(g[w])
+                            for t in cutlass.range_constexpr(chunk):
+                                # bf16 products are exact in fp32: FMA or not, one rounding per add
+                                acc[r * chunk + t] = g0 * xf[t * 8 + 2 * w] + acc[r * chunk + t]
+                                acc[r * chunk + t] = g1 * xf[t * 8 + 2 * w + 1] + acc[r * chunk + t]
+            cute.arch.sync_threads()  # the previous chunk's partials are read
             for q in cutlass.range_constexpr(rows * chunk):
                 total = warp_sum(acc[q])
                 if lane == 0:
@@ -192,7 +217,7 @@ class GateFront(MoeRoute):
         cta, _, _ = cute.arch.block_idx()
         box = Mailbox(words, state, Int32(state[0] & Int64(1)), timeout_ns)
         smem = cutlass.memory.SmemAllocator()
-        staged = smem.allocate_tensor(Uint32, cute.make_layout(self.chunk * self.words), 16)
+        staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)  # the CTA's weights
         partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
         self.produce(hidden, gate, bias, logits, staged, partial, box, skip, cta, tid)
         if cta < hidden.shape[0]:
@@ -227,6 +252,18 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
 def chunk_for(tokens: int) -> int:
     """Tokens per chunk: the batch's power of two up to CHUNK (FMAs scale with it)."""
     return min(CHUNK, 1 << max(tokens - 1, 0).bit_length())
+
+
+# Shared memory a launch may use (one CTA per SM on SM90) and what the routing's arrays take
+# there (MoeRoute.route's allocations at MAX_EXPERTS, with their 16-byte padding).
+SMEM_LIMIT = 227 * 1024
+ROUTING_SMEM = WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4 + 11 * 16
+
+
+def smem_bytes(experts: int, width: int, ctas: int, chunk: int) -> int:
+    """Shared memory of a launch: the CTA's weight rows, the warps' partial sums, the routing."""
+    rows = -(-experts // ctas)
+    return rows * width * 2 + WARPS * rows * chunk * 4 + ROUTING_SMEM
 
 
 def ctas_for(experts: int, sms: int) -> int:

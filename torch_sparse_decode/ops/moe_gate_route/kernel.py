@@ -40,8 +40,9 @@ def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:
     """Whether the front takes the batch: at most MAX_TOKENS tokens, no more than its CTAs, and
     rows it can read as 16-byte-aligned int32 words (host metadata only)."""
     (tokens, width), experts = hidden.shape, gate_weight.shape[0]
-    return (0 < tokens <= min(front.MAX_TOKENS, front.ctas_for(experts, sm_count(hidden.device)))
-            and width % 8 == 0 and width <= front.MAX_WIDTH
+    ctas = front.ctas_for(experts, sm_count(hidden.device))
+    return (0 < tokens <= min(front.MAX_TOKENS, ctas) and width % 8 == 0 and width <= front.MAX_WIDTH
+            and front.smem_bytes(experts, width, ctas, front.CHUNK) <= front.SMEM_LIMIT
             and hidden.data_ptr() % 16 == 0 and gate_weight.data_ptr() % 16 == 0)
 
 
@@ -84,7 +85,7 @@ WARM_CONFIGS = [(896, 7168, 16, True, 1, 1), (256, 7168, 8, True, 8, 4)]
 
 def warm(device: torch.device) -> None:
     for experts, width, topk, renormalize, groups, kept in WARM_CONFIGS:
-        for chunk in (1, 2, 4, 8):
+        for chunk in (1, 2, 4):
             front.compiled(experts, width, topk, renormalize, groups, kept, front.ctas_for(experts, sm_count(device)),
                            chunk)
         route.compiled(experts, topk, renormalize, True, groups, kept)
