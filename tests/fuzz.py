@@ -35,6 +35,7 @@ from inputs import same_bits
 import oracle
 from torch_sparse_decode import dcp
 from torch_sparse_decode.ops.dcp import reference
+from torch_sparse_decode.ops.moe_gate_route import front, kernel as gate_kernel
 from torch_sparse_decode.ops.indexer_topk.reference import indexer_topk as indexer_reference
 from torch_sparse_decode.ops.indexer_topk_fused.reference import indexer_topk_fused as indexer_fused_reference
 from torch_sparse_decode.ops.moe_route.reference import moe_route as moe_route_reference
@@ -401,8 +402,9 @@ def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, i
 
 
 def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, int]]) -> str:
-    """The router front (T <= 16 on a GPU) and its GEMM path: ids and weights are moe_route's of
-    the sigmoid of its own logits, bit for bit; the logits within the fp32 accumulation bound."""
+    """The router front (on a GPU: T <= the op's switch, half the cases up to the kernel's limit)
+    and its GEMM path: ids and weights are moe_route's of the sigmoid of its own logits, bit for
+    bit; the logits within the fp32 accumulation bound."""
     experts, topk, groups, kept = rng.choice(shapes)
     tokens, width = log_uniform(rng, 1, 40), rng.choice([256, 1024, 2056, 7168])
     gen = generator(rng)
@@ -416,8 +418,15 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
                        renormalize=renormalize)
     out = (poisoned((tokens, topk), torch.float32), poisoned((tokens, topk), torch.int32),
            poisoned((tokens, experts), torch.float32))
-    tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale, num_expert_group=groups,
-                       topk_group=kept, out=out)
+    switch = gate_kernel.FRONT_TOKENS
+    if rng.random() < 0.5:  # the front kernel past the op's switch, up to its own limit
+        gate_kernel.FRONT_TOKENS = front.MAX_TOKENS
+    case.params.update(front_tokens=gate_kernel.FRONT_TOKENS)
+    try:
+        tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale, num_expert_group=groups,
+                           topk_group=kept, out=out)
+    finally:
+        gate_kernel.FRONT_TOKENS = switch
     want_w, want_i = tsd.moe_route(torch.sigmoid(out[2]), bias, topk, renormalize=renormalize, scale=scale,
                                    num_expert_group=groups, topk_group=kept)
     exact = hidden.double() @ gate.double().T

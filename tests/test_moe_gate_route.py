@@ -47,17 +47,42 @@ def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
-@pytest.mark.parametrize("tokens", [1, 2, 3, 8, 9, 16, 17, 64, 200])  # <= 16: the one-launch front on a GPU
+@pytest.mark.parametrize("tokens", [1, 2, 3, 4, 5, 8, 9, 16, 17, 64, 200])  # <= 4: the one-launch front on a GPU
 def test_routing_is_moe_route_of_its_own_logits(device, shape, tokens):
     experts, width, topk, groups, kept, scale = shape
     check(*inputs(tokens, experts, width, tokens, device), topk, groups, kept, scale)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
+@pytest.mark.parametrize("tokens", [5, 8, 9, 16])
+def test_the_front_kernel_up_to_its_own_limit(monkeypatch, shape, tokens):
+    """The op sends the front T <= FRONT_TOKENS (where it is measured to win), but the kernel
+    takes up to front.MAX_TOKENS, several chunks of hidden vectors: exact there too."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from torch_sparse_decode.ops.moe_gate_route import front, kernel
+
+    monkeypatch.setattr(kernel, "FRONT_TOKENS", front.MAX_TOKENS)
+    experts, width, topk, groups, kept, scale = shape
+    hidden, gate, bias = inputs(tokens, experts, width, 100 + tokens, "cuda")
+    assert kernel.uses_front(hidden, gate)
+    check(hidden, gate, bias, topk, groups, kept, scale)
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_adversarial_rows(device):
+@pytest.mark.parametrize("front_tokens", [None, 16], ids=["op", "front_up_to_16"])
+def test_adversarial_rows(device, front_tokens, monkeypatch):
     """NaN hidden states (NaN logits: the routing's NaN rule), zero rows (every logit 0: all
     tie, lowest ids win), tied experts (duplicate gate rows), a huge row (logits overflow to
-    +-inf), and no renormalization."""
+    +-inf), and no renormalization; through the op's own path, and (GPU) through the front for
+    the whole batch of 8."""
+    if front_tokens is not None:
+        if device == "cpu":
+            pytest.skip("the front is a CUDA kernel")
+        from torch_sparse_decode.ops.moe_gate_route import kernel
+
+        monkeypatch.setattr(kernel, "FRONT_TOKENS", front_tokens)
     experts, width, topk = 896, 7168, 16
     hidden, gate, bias = inputs(8, experts, width, 5, "cpu")
     hidden[1, 3] = float("nan")
@@ -99,8 +124,11 @@ def test_under_torch_compile(device):
 def test_graph_replay_with_fresh_inputs():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
-    sets = [inputs(8, 896, 7168, seed, "cuda") for seed in range(4)]
+    from torch_sparse_decode.ops.moe_gate_route import kernel
+
+    sets = [inputs(4, 896, 7168, seed, "cuda") for seed in range(4)]
     static = [t.clone() for t in sets[0]]
+    assert kernel.uses_front(static[0], static[1])  # the mailbox's parity alternates over the replays
     tsd.moe_gate_route(*static, 16, scale=2.5)  # compiles and loads before capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()

@@ -33,7 +33,7 @@ from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import copy_async16, load_global16, load_shared16
 from ..moe_route.kernel import KEY_NONE, MAX_EXPERTS, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
 
-MAX_TOKENS = 16  # the front's batch limit (CUDA-core FMAs); larger batches take the GEMM + routing path
+MAX_TOKENS = 16  # the most tokens a launch takes (the mailbox's rows a parity); the op's switch is lower
 CHUNK = 4  # the most tokens whose hidden vectors a thread holds in registers at a time
 MAX_WIDTH = 8192  # the widest hidden the front stages (wider: the GEMM path)
 SENTINEL = 0x80000000

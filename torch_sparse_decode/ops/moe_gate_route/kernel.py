@@ -1,8 +1,10 @@
 """The CUDA path of ``moe_gate_route``.
 
-- Decode batches (T <= ``front.MAX_TOKENS``, and no more tokens than the front's CTAs): the
+- Decode batches (T <= ``FRONT_TOKENS``, and no more tokens than the front's CTAs): the
   one-launch front of ``front.py``, the router GEMV publishing score records to a mailbox that
-  the routing CTAs poll.
+  the routing CTAs poll. The kernel takes up to ``front.MAX_TOKENS``; the switch is measured
+  (H200: the front beats the GEMM path at T <= 4, 1.2-1.6x, and loses from T = 8 at 896
+  experts, where its CUDA-core FMAs take a second chunk of hidden vectors).
 - Larger batches: the router GEMM on cuBLAS (bf16 in, fp32 accumulation and output, straight into
   ``router_logits``), then the ``moe_route`` kernel with its sigmoid. Two launches.
 
@@ -21,6 +23,7 @@ from ..moe_route import kernel as route
 from . import front
 
 TIMEOUT_NS = 2_000_000_000  # a consumer's bound on waiting for the records (the error word after it)
+FRONT_TOKENS = 4  # the largest batch the op sends to the front (measured; at most front.MAX_TOKENS)
 _WORKSPACES: dict[tuple, front.Workspace] = {}
 
 
@@ -37,11 +40,12 @@ def mailbox(device: torch.device, experts: int) -> front.Workspace:
 
 
 def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:
-    """Whether the front takes the batch: at most MAX_TOKENS tokens, no more than its CTAs, and
-    rows it can read as 16-byte-aligned int32 words (host metadata only)."""
+    """Whether the front takes the batch: at most FRONT_TOKENS tokens, no more than its CTAs, rows
+    it can read as 16-byte vectors, and the CTA's weight rows in shared memory (host metadata)."""
     (tokens, width), experts = hidden.shape, gate_weight.shape[0]
     ctas = front.ctas_for(experts, sm_count(hidden.device))
-    return (0 < tokens <= min(front.MAX_TOKENS, ctas) and width % 8 == 0 and width <= front.MAX_WIDTH
+    return (0 < tokens <= min(FRONT_TOKENS, front.MAX_TOKENS, ctas)
+            and width % 8 == 0 and width <= front.MAX_WIDTH
             and front.smem_bytes(experts, width, ctas, front.CHUNK) <= front.SMEM_LIMIT
             and hidden.data_ptr() % 16 == 0 and gate_weight.data_ptr() % 16 == 0)
 
