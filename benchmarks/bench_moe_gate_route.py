@@ -51,11 +51,8 @@ def bench(table: Table, bandwidth: float, experts: int, topk: int, groups: int, 
     fused, fused_tied, base = ours(sets), ours(padding), graph_us(unfused)
     forced = "-"
     if tokens <= front_kernel.MAX_TOKENS:
-        switch, gate_kernel.FRONT_TOKENS = gate_kernel.FRONT_TOKENS, front_kernel.MAX_TOKENS
-        try:
+        with gate_kernel.front_up_to(front_kernel.MAX_TOKENS):
             forced = ours(sets)
-        finally:
-            gate_kernel.FRONT_TOKENS = switch
     floor_us = experts * WIDTH * 2 / (bandwidth * 1e12) * 1e6
     ok = max(fused, fused_tied) <= bar and base / fused >= 1.5
     table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, fused, fused_tied, forced, base,

@@ -418,15 +418,12 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
                        renormalize=renormalize)
     out = (poisoned((tokens, topk), torch.float32), poisoned((tokens, topk), torch.int32),
            poisoned((tokens, experts), torch.float32))
-    switch = gate_kernel.FRONT_TOKENS
-    if rng.random() < 0.5:  # the front kernel past the op's switch, up to its own limit
-        gate_kernel.FRONT_TOKENS = front.MAX_TOKENS
-    case.params.update(front_tokens=gate_kernel.FRONT_TOKENS)
-    try:
+    # Half the cases run the front kernel past the op's switch, up to its own limit.
+    front_tokens = front.MAX_TOKENS if rng.random() < 0.5 else gate_kernel.FRONT_TOKENS
+    case.params.update(front_tokens=front_tokens)
+    with gate_kernel.front_up_to(front_tokens):
         tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale, num_expert_group=groups,
                            topk_group=kept, out=out)
-    finally:
-        gate_kernel.FRONT_TOKENS = switch
     want_w, want_i = tsd.moe_route(torch.sigmoid(out[2]), bias, topk, renormalize=renormalize, scale=scale,
                                    num_expert_group=groups, topk_group=kept)
     exact = hidden.double() @ gate.double().T

@@ -31,7 +31,7 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import copy_async16, load_global16, load_shared16
-from ..moe_route.kernel import KEY_NONE, MAX_EXPERTS, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
+from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
 
 MAX_TOKENS = 16  # the most tokens a launch takes (the mailbox's rows a parity); the op's switch is lower
 CHUNK = 4  # the most tokens whose hidden vectors a thread holds in registers at a time
@@ -254,10 +254,8 @@ def chunk_for(tokens: int) -> int:
     return min(CHUNK, 1 << max(tokens - 1, 0).bit_length())
 
 
-# Shared memory a launch may use (one CTA per SM on SM90) and what the routing's arrays take
-# there (MoeRoute.route's allocations at MAX_EXPERTS, with their 16-byte padding).
-SMEM_LIMIT = 227 * 1024
-ROUTING_SMEM = WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4 + 11 * 16
+SMEM_LIMIT = 227 * 1024  # shared memory a launch may use (one CTA per SM on SM90)
+ROUTING_SMEM = MoeRoute.SMEM_BYTES  # the routing's arrays after the front's own
 
 
 def smem_bytes(experts: int, width: int, ctas: int, chunk: int) -> int:

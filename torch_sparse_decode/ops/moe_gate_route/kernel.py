@@ -16,6 +16,8 @@ call outside a capture, one per device and expert count.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ...kernels.topk_engine import sm_count
@@ -37,6 +39,18 @@ def mailbox(device: torch.device, experts: int) -> front.Workspace:
                                f"a CUDA graph: the router front's mailbox for {experts} experts is not allocated yet")
         _WORKSPACES[key] = front.workspace(device, experts)
     return _WORKSPACES[key]
+
+
+@contextlib.contextmanager
+def front_up_to(tokens: int):
+    """Within it, the op sends the front batches of up to ``tokens`` (tests and benchmarks run the
+    kernel past the measured switch, up to ``front.MAX_TOKENS``)."""
+    global FRONT_TOKENS
+    switch, FRONT_TOKENS = FRONT_TOKENS, tokens
+    try:
+        yield
+    finally:
+        FRONT_TOKENS = switch
 
 
 def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:

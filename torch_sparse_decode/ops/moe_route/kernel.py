@@ -299,6 +299,10 @@ class MoeRoute:
                 if cutlass.const_expr(self.groups > 1):
                     value[expert] = canonical(key)
 
+    # Shared memory route() allocates at most, with each array's 16-byte padding (kernels that
+    # run it after their own arrays, the router front, count it).
+    SMEM_BYTES = WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4 + 11 * 16
+
     @cute.jit
     def route(self, smem, src, token: Int32, scale: Float32, weights: cute.Tensor, ids: cute.Tensor, tid: Int32):
         """Steps 1-5 for one token, its keys from ``src`` by ``load_keys``."""
