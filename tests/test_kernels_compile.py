@@ -270,3 +270,10 @@ def test_router_front_shared_memory_fits_sm90():
         for sms in (132, 114):
             assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT
     assert front.smem_bytes(1024, 8192, front.ctas_for(1024, 40), front.CHUNK) > front.SMEM_LIMIT
+
+
+def test_router_front_profile_build_compiles():
+    """benchmarks/profile_front.py's build: the phase stamps after the state words."""
+    from torch_sparse_decode.ops.moe_gate_route import front
+
+    assert front.compiled(256, 7168, 8, True, 8, 4, front.ctas_for(256, 132), 4, profile=True)

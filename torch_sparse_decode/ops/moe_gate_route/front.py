@@ -39,6 +39,9 @@ MAX_WIDTH = 8192  # the widest hidden the front stages (wider: the GEMM path)
 SENTINEL = 0x80000000
 UNPUBLISHED = ((SENTINEL << 32) | SENTINEL) - (1 << 64)  # a mailbox word no record can be (as int64)
 TIMED_OUT = 1  # state[2]: a consumer's wait ran out
+# A profiled build (benchmarks/profile_front.py) stamps %globaltimer at the end of each phase,
+# per CTA, into state[4 + cta * len(PHASES) + phase]; other builds compile the stamps out.
+PHASES = ("start", "GEMV", "published", "records in", "routed", "end")  # GEMV: the last chunk's FMAs (thread 0)
 
 
 class Mailbox(NamedTuple):
@@ -76,13 +79,20 @@ class GateFront(MoeRoute):
     """The front at one static configuration: E, H, topk, renormalize, groups, CTAs."""
 
     def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
-                 ctas: int, chunk: int):
+                 ctas: int, chunk: int, profile: bool = False):
         super().__init__(experts, topk, renormalize, True, groups, topk_group)
+        self.profile = profile
         self.width, self.words, self.vecs = width, width // 2, width // 8  # bf16, 32-bit words, 16-byte vectors
         self.per = -(-self.vecs // THREADS)  # a thread's vectors of a row
         self.ctas, self.chunk = ctas, chunk
         self.rows = -(-experts // ctas)  # experts per CTA
         assert self.rows * chunk <= THREADS
+
+    @cute.jit
+    def mark(self, state: cute.Tensor, phase: cutlass.Constexpr[str], cta: Int32, tid: Int32):
+        if cutlass.const_expr(self.profile):
+            if tid == 0:
+                state[4 + cta * len(PHASES) + PHASES.index(phase)] = Int64(cute.arch.globaltimer())
 
     @cute.jit
     def __call__(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, scale: Float32,
@@ -149,6 +159,7 @@ class GateFront(MoeRoute):
                                 # bf16 products are exact in fp32: FMA or not, one rounding per add
                                 acc[r * chunk + t] = g0 * xf[t * 8 + 2 * w] + acc[r * chunk + t]
                                 acc[r * chunk + t] = g1 * xf[t * 8 + 2 * w + 1] + acc[r * chunk + t]
+            self.mark(box.state, "GEMV", cta, tid)
             cute.arch.sync_threads()  # the previous chunk's partials are read
             for q in cutlass.range_constexpr(rows * chunk):
                 total = warp_sum(acc[q])
@@ -191,6 +202,7 @@ class GateFront(MoeRoute):
                         records[i] = word
                     else:
                         missing = missing + 1
+        self.mark(box.state, "records in", token, tid)  # consumer CTA `token`
         if missing != 0:
             cute.arch.atomic_or(box.state.iterator + 2, Int64(TIMED_OUT))
         for i in cutlass.range_constexpr(self.per_thread):
@@ -215,26 +227,31 @@ class GateFront(MoeRoute):
                state: cute.Tensor, timeout_ns: Int64, skip: Int32):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
+        self.mark(state, "start", cta, tid)
         box = Mailbox(words, state, Int32(state[0] & Int64(1)), timeout_ns)
         smem = cutlass.memory.SmemAllocator()
         staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)  # the CTA's weights
         partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
         self.produce(hidden, gate, bias, logits, staged, partial, box, skip, cta, tid)
+        self.mark(state, "published", cta, tid)
         if cta < hidden.shape[0]:
             self.route(smem, box, cta, scale, weights, ids, tid)
+            self.mark(state, "routed", cta, tid)
         cute.arch.sync_threads()
         if tid == 0:  # the launch's last CTA advances the parity
             done = cute.arch.atomic_add(state.iterator + 1, Int64(1), sem="acq_rel", scope="gpu")
             if done == Int64(self.ctas - 1):
                 state[1] = Int64(0)
                 state[0] = state[0] + Int64(1)
+        self.mark(state, "end", cta, tid)
 
 
 @cached_kernel("moe_gate_route")
 def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
-             chunk: int):
+             chunk: int, profile: bool = False):
     """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
-    ``gate`` are passed as int32 words (two bf16 each)."""
+    ``gate`` are passed as int32 words (two bf16 each); a ``profile`` build's state has its phase
+    stamps after the four words."""
     tokens = cute.sym_int()
     hidden = fake_tensor(Int32, (tokens, width // 2), (width // 2, 1), 16)
     gate = fake_tensor(Int32, (experts, width // 2), (width // 2, 1), 16)
@@ -243,8 +260,8 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
     ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
     logits = fake_tensor(Float32, (tokens, experts), (experts, 1))
     words = fake_tensor(Int64, (2 * MAX_TOKENS * experts,), (1,), 8)
-    state = fake_tensor(Int64, (4,), (1,), 8)
-    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk)
+    state = fake_tensor(Int64, (4 + (ctas * len(PHASES) if profile else 0),), (1,), 8)
+    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, profile)
     return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
                         Int32(-1), fake_stream(), options="--enable-tvm-ffi")
 
