@@ -94,6 +94,18 @@ def ordered_key(x: Float32) -> Uint32:
 
 
 @cute.jit
+def key_score(key: Uint32) -> Float32:
+    """The fp32 score whose ``ordered_key`` is ``key``: exact for every key but those of -inf and
+    +0.0, which NaN and -0.0 share (``KEY_NEG_INF``, ``KEY_ZERO``)."""
+    flip = cutlass.select_((key >> Uint32(31)) != Uint32(0), Uint32(0x80000000), Uint32(0xFFFFFFFF))
+    return (key ^ flip).bitcast(Float32)
+
+
+KEY_NEG_INF = 0x007FFFFF  # ordered_key(-inf) = ordered_key(NaN)
+KEY_ZERO = 0x80000000  # ordered_key(+0.0) = ordered_key(-0.0)
+
+
+@cute.jit
 def ord16_key(x: Float32) -> Uint32:
     """The DCP merge's key of a score: ord16 of it rounded to bf16 (nearest even, on the bits),
     NaN as -inf, -0.0 as +0.0, shifted up 16 (never 0). Equal bf16 values tie (lower id first)."""
@@ -221,10 +233,13 @@ class Outputs(NamedTuple):
 
 
 class Staging(NamedTuple):
-    """A fused build's kept ids on their way out: ``ids[e]`` is output slot ``base + e`` of the
-    row (this CTA's slots start at ``base``), gathered through ``Outputs`` once all are known."""
+    """A fused build's kept ids on their way out: ``ids[e]`` and ``keys[e]`` are output slot
+    ``base + e`` of the row (this CTA's slots start at ``base``), gathered through ``Outputs``
+    once all are known. They are the copy's own arrays: the e-th kept key is never ahead of the
+    copy's entry it came from, so compaction overwrites only entries it has read."""
 
     ids: cute.Tensor
+    keys: cute.Tensor
     base: Int32
 
 
@@ -236,6 +251,7 @@ class RadixTopk:
     def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
                  fused: bool = False):
         self.source, self.pinned, self.ctas, self.ord16, self.fused = source, pinned, ctas, ord16, fused
+        assert not (ord16 and fused), "a fused build decodes values from full-bit keys"
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
     @cute.jit
@@ -410,6 +426,7 @@ class RadixTopk:
                 e = ats[i] - dest.base
                 if flags[i] & (ats[i] < width) & (e < CAP):  # exact counts never fail these; memory-safe if not
                     dest.ids[e] = ids[i]
+                    dest.keys[e] = keys[i]
             elif flags[i] & (ats[i] < width):
                 o.out[row, ats[i]] = ids[i]
         return added, tile_tied
@@ -430,7 +447,8 @@ class RadixTopk:
     def flush_batch(self, o: Outputs, src: cute.Tensor, dest: Staging, row: Int32, first: Int32, count: Int32,
                     tid: Int32, slots: cutlass.Constexpr[int]):
         """``flush`` with ``slots`` slots a thread. Slots past ``count`` gather id 0's entries
-        (one cached line) so no load sits under a per-slot branch."""
+        (one cached line) so no load sits under a per-slot branch. Values come from the staged
+        keys; only a key that two scores share (-inf / NaN, +0.0 / -0.0) reads the row again."""
         width = o.out.shape[1]
         last, end, per_page = o.table.shape[1] - 1, src.shape[1] - 1, max(o.page, Int32(1))
         staged = cute.make_rmem_tensor(slots, Int32)
@@ -447,7 +465,10 @@ class RadixTopk:
         if cutlass.const_expr(not self.pinned):
             if (o.want & 2) != 0:
                 for j in cutlass.range_constexpr(slots):
-                    picked[j] = src[row, min(first + staged[j], end)]
+                    key = dest.keys[tid + j * THREADS]
+                    picked[j] = key_score(key).to(src.element_type)
+                    if (key == Uint32(KEY_NEG_INF)) | (key == Uint32(KEY_ZERO)):
+                        picked[j] = src[row, min(first + staged[j], end)]
         for j in cutlass.range_constexpr(slots):
             e = tid + j * THREADS
             at = dest.base + e
@@ -727,9 +748,6 @@ class RadixTopk:
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
-        stage = buf_id  # unused by a plain build
-        if cutlass.const_expr(self.fused):
-            stage = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)  # this CTA's kept ids (<= k)
         sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, segments, buf_key, buf_id, ring)
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
@@ -880,7 +898,7 @@ class RadixTopk:
 
             # 3. The kept ids, in index order: from the copy when there is one, else from the row.
             written = out_base
-            dest = Staging(stage, out_base)
+            dest = Staging(buf_id, buf_key, out_base)  # a fused build's kept ids and keys (<= k)
             if kept <= CAP:
                 for start in range(0, kept, TILE):
                     for i in cutlass.range_constexpr(PER):
