@@ -24,7 +24,8 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
     """Two groups set up with the same (K, N) and different max_rows: each keeps its own bound,
     the group-less answer is the smallest, and the CUDA op takes the one-round step exactly when
     the public helper says its group fits and the local width is within the group's max_local_len."""
-    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
+    pytest.importorskip("triton", reason="triton not installed")
+    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     class Workspace:
         def __init__(self, max_local_len):
@@ -172,7 +173,8 @@ def test_init_rejects_bad_arguments():
 def test_the_step_check_names_the_ranks_once(monkeypatch):
     """dcp_topk_merge_check decodes the one-round error word: late ranks, ranks whose step had
     another row count; it reports an error once, and only the group's (and topk's) workspaces."""
-    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
+    pytest.importorskip("triton", reason="triton not installed")
+    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     class Workspace:
         rank, timeout_ns = 0, int(2.5e9)
@@ -200,7 +202,8 @@ def test_the_step_check_names_the_ranks_once(monkeypatch):
 def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     """The engine picks its cluster size from CLUSTER_SIZES only, and warm_step compiles the ord16
     engine at each of them for both score dtypes, and the step's merge."""
-    kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
+    pytest.importorskip("triton", reason="triton not installed")
+    from torch_sparse_decode.ops.dcp import kernel as kernels
     from torch_sparse_decode.kernels import topk_engine as topk
     from torch_sparse_decode.ops.dcp import merge as dcp_merge
 

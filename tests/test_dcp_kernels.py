@@ -24,8 +24,9 @@ if torch.cuda.is_available():
 else:
     DEVICE = "cpu"
     pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs TRITON_INTERPRET=1")
-kernels = pytest.importorskip("torch_sparse_decode.ops.dcp.kernel", reason="triton not installed")
-from torch_sparse_decode.ops.dcp import step as dcp_step  # noqa: E402  (after the importorskip)
+pytest.importorskip("triton", reason="triton not installed")
+from torch_sparse_decode.ops.dcp import kernel as kernels  # noqa: E402  (after the importorskip)
+from torch_sparse_decode.ops.dcp import step as dcp_step  # noqa: E402
 from torch_sparse_decode.ops.dcp.pack import _ord16 as _pack_ord16  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
