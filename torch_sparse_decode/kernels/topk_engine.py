@@ -28,7 +28,9 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   padding without reading a key (and the block-key pre-pass skips such rows).
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
-  sort and no approximate bin; nothing is written outside ``out`` (no workspace).
+  sort and no approximate bin; nothing is written outside ``out`` (no workspace). A CTA that
+  re-streams its span for the output stops once its share is out: on tie-heavy rows the lowest
+  ids fill it in the first tiles.
 
 Why CuTe DSL: the select needs shared-memory atomics, warp votes, cluster barriers and
 distributed shared memory, none of which Triton exposes. docs/topk_engine.md says where the time
@@ -913,11 +915,14 @@ class RadixTopk:
             else:
                 self.begin_pass(src, ring, span, refetch, tid)
                 for tile in range(tiles):
-                    self.next_tile(src, ring, span, tile, refetch, regs, tid)
-                    added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, dest, row, written, counts,
-                                                    tile % 2, tid)
-                    written = written + added
-                    eq_before = eq_before + tied
+                    # Until this CTA's share is out: where ties at t fill it from the lowest ids
+                    # (all-equal or few-valued rows) that is the first tiles, or none.
+                    if written - out_base < mine_taken:
+                        self.next_tile(src, ring, span, tile, refetch, regs, tid)
+                        added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, dest, row, written,
+                                                        counts, tile % 2, tid)
+                        written = written + added
+                        eq_before = eq_before + tied
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 self.flush(o, src, dest, row, first, mine_taken, tid)
@@ -931,6 +936,7 @@ class RadixTopk:
                         pad_from = out_total + 1
                 for i in range(pad_from + tid, out.shape[1], THREADS):
                     self.emit(o, src, row, first, i, Int32(-1))
+            cute.arch.cp_async_wait_group(0)  # tiles requested before the output stopped early
             cluster_sync(self.ctas)  # no CTA leaves while others may read its shared memory
         if cutlass.const_expr(self.profile):  # after the ids: out[row, k_sel + 1 + rank * PROFILE_SLOTS ...]
             self.mark(marks, "padding + last barrier")
