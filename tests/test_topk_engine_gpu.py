@@ -216,3 +216,82 @@ def test_blocks_k1_keeps_only_the_newest(block_size):
     got = run_blocks(x, ends, block_size, 1)
     assert torch.equal(got, oracle.candidate_blocks(x, ends, block_size, 1))
     assert torch.equal(got[:, 0], torch.where(ends > 0, (ends + block_size - 1) // block_size - 1, -1).int())
+
+
+def settling_rows(case: str, lengths: torch.Tensor, width: int, ranks: int, seed: int) -> torch.Tensor:
+    """Rows for the tie path's shortcuts (t taken from the keys' bounds, no further pass) and
+    their near misses. one_value / signed_zeros: one key value (a single-valued row); one_above /
+    one_below: one value but a key one ulp off, somewhere in the row (same first two digits:
+    must not settle); zeros_few_positives: the threshold's bucket holds only 0.0 (settles after
+    the second digit); zeros_denormal_in_copy: the same, but the first CTA's span is below zero
+    save one denormal (its bucket fits its copy, which keeps no bounds: must not settle);
+    two_adjacent: keys one ulp apart throughout; narrow: 1 + 1e-6 randn (the gate's refinement)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = lengths.numel()
+    if case in ("one_value", "one_above", "one_below"):
+        x = torch.full((rows, width), 0.5)
+        off = {"one_above": 1.0, "one_below": 0.0}.get(case)
+        if off is not None:
+            for r in range(rows):
+                at = int(torch.randint(0, max(int(lengths[r]), 1), (1,), generator=gen))
+                x[r, at] = torch.nextafter(torch.tensor(0.5), torch.tensor(off))
+        return x
+    if case == "signed_zeros":
+        return torch.where(torch.rand(rows, width, generator=gen) < 0.5, -0.0, 0.0)
+    if case in ("zeros_few_positives", "zeros_denormal_in_copy"):
+        x = torch.relu(torch.randn(rows, width, generator=gen) - 3.2)
+        if case == "zeros_denormal_in_copy":
+            for r in range(rows):
+                span = max((int(lengths[r]) + ranks - 1) // ranks, 1)
+                x[r, :span] = -1.0
+                x[r, span // 2] = 1e-45
+        return x
+    if case == "two_adjacent":
+        one = torch.tensor(1.0)
+        return torch.where(torch.rand(rows, width, generator=gen) < 0.5, one, torch.nextafter(one, torch.tensor(2.0)))
+    if case == "narrow":
+        return 1 + 1e-6 * torch.randn(rows, width, generator=gen)
+    raise ValueError(case)
+
+
+SETTLING = ["one_value", "signed_zeros", "one_above", "one_below", "zeros_few_positives",
+            "zeros_denormal_in_copy", "two_adjacent", "narrow"]
+
+
+@pytest.mark.parametrize("width", WIDTHS + [1 << 19])
+@pytest.mark.parametrize("case", SETTLING)
+def test_tie_path_shortcuts(width, case):
+    k = 2048
+    lengths = torch.tensor(span_edges(width, k), dtype=torch.int32)
+    ranks = cluster_size(lengths.numel(), width)
+    x = settling_rows(case, lengths, width, ranks, seed=width % 89)
+    assert torch.equal(run_tokens(x, lengths, k, ROWS), oracle.topk_tokens(x, lengths, k))
+    bf = x.to(torch.bfloat16)
+    assert torch.equal(run_tokens(bf, lengths, k, ROWS), oracle.topk_tokens(bf.float(), lengths, k))
+
+
+def test_tie_path_shortcuts_taken():
+    """The profiled build's marks at 64 x 128K (2 CTAs a row, spans of the one-read path): rows of
+    one value are settled after their second digit (the phase after the second digit's pass
+    takes a fraction of that pass: no third pass over the row); 1 + 1e-6 randn rows are answered
+    from the one-read path's copies (the refined gate). Shortcuts that silently stopped would
+    fail here."""
+    rows, width, k = 64, 128 << 10, 2048
+    ranks = cluster_size(rows, width)
+    assert ranks == 2 and width // ranks > topk.ONE_READ_FROM
+    x = torch.full((rows, width), 0.5)
+    x[rows // 2:] = 1 + 1e-6 * torch.randn(rows // 2, width, generator=torch.Generator().manual_seed(3))
+    lengths = torch.full((rows,), width, dtype=torch.int32)
+    out = poisoned((rows, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
+    n = lengths.cuda()
+    none = torch.empty(0, 0, device="cuda")
+    topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out, out, out, 0, none, 0)
+    ends = out[:, k + 1:].reshape(rows, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu().long()
+    at = {name: ends[..., topk.PHASES.index(name)] for name in topk.PHASES}
+    equal, narrow = slice(0, rows // 2), slice(rows // 2, rows)
+    second = at["copy pass"][equal] - at["digit 0"][equal]
+    rest = at["digits 1-2"][equal] - at["copy pass"][equal]
+    assert (at["first-digit pass"][equal] > 0).all() and (rest * 2 < second).all(), (second, rest)
+    assert (at["digits from the copies"][narrow] > 0).all(), at["digits from the copies"][narrow]
+    assert not (at["first-digit pass"][narrow] > 0).any()
+    assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))

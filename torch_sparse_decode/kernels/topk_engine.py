@@ -23,7 +23,11 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   gate is <= t, which is checked; otherwise (and for shorter spans) two passes: after the first
   digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
   order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
-  instead (four passes, still exact). That ordered copy costs one CTA barrier per tile.
+  instead (still exact). That ordered copy costs one CTA barrier per tile. The second digit's
+  pass also ANDs and ORs the bucket's keys: where they agree over the cluster the bucket is one
+  value, which is t, and the third pass is skipped (all-equal rows, zeros under a ReLU, few
+  values). Where tile 0's chosen first-digit bin holds most of the tile (narrow rows such as
+  1 + 1e-6 randn), the gate is the tile's exact key of that rank, not a line through the bin.
 - A row of <= k_sel keys keeps them all: the engine writes every valid id in order and the
   padding without reading a key (and the block-key pre-pass skips such rows).
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
@@ -196,6 +200,7 @@ class Scratch:
     result: cute.Tensor  # the digit search's (digit, keys above)
     shared: cute.Tensor  # (keys above t, keys == t, copied, gate), read by the other CTAs
     claimed: cute.Tensor  # the gated pass's copy size
+    bounds: cute.Tensor  # (AND, OR) of the keys the digit-1 pass counted, read by the other CTAs
     segments: cute.Tensor  # the gated pass's (tile, warp) parts
     buf_key: cute.Tensor
     buf_id: cute.Tensor
@@ -339,11 +344,13 @@ class RadixTopk:
     @cute.jit
     def count_digit(self, src: cute.Tensor, sm: Scratch, span: Span, refetch, p: cutlass.Constexpr[int], t: Uint32,
                     regs: Regs, tid: Int32):
-        """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's.
+        """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's; for p = 1
+        also the AND and the OR of those keys (``bounds``): equal over the cluster, they are t.
 
         The first digit counts every slot without a branch: a missing key (0) lands in bin 0,
         which no score reaches (-inf's key is in bin 3), so the digit search never picks it."""
         hist, keys = sm.hist, regs.keys
+        every, some = Uint32(0xFFFFFFFF), Uint32(0)  # AND and OR: two logic ops a key, not compares
         self.begin_pass(src, sm.ring, span, refetch, tid)
         for tile in range(span.tiles):
             self.next_tile(src, sm.ring, span, tile, refetch, regs, tid)
@@ -352,7 +359,29 @@ class RadixTopk:
                     cute.arch.atomic_add(hist.iterator + digit_of(keys[i], 0), Int32(1))
                 elif in_prefix(keys[i], t, p):
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
+                    if cutlass.const_expr(p == 1):
+                        every, some = every & keys[i], some | keys[i]
+        if cutlass.const_expr(p == 1):
+            every = cute.arch.warp_redux_sync(every, "and")
+            some = cute.arch.warp_redux_sync(some, "or")
+            if tid % 32 == 0:
+                cute.arch.atomic_and(sm.bounds.iterator, every)
+                cute.arch.atomic_or(sm.bounds.iterator + 1, some)
         cute.arch.sync_threads()
+
+    @cute.jit
+    def single_valued(self, sm: Scratch, tid: Int32):
+        """(whether every key that the cluster's digit-1 pass counted is one value, that value),
+        from ``bounds`` after the digit search's cluster barrier: lane l of each warp reads one
+        word of CTA l // 2, so a warp issues one remote load."""
+        lane = tid % 32
+        at = lane % 2
+        v = sm.bounds[at]
+        if cutlass.const_expr(self.ctas > 1):
+            v = Uint32(load_rank(sm.bounds, at, min(lane // 2, Int32(self.ctas - 1))))
+        every = cute.arch.warp_redux_sync(Uint32(cutlass.select_(at == 0, v, Uint32(0xFFFFFFFF))), "and")
+        some = cute.arch.warp_redux_sync(Uint32(cutlass.select_(at == 1, v, Uint32(0))), "or")
+        return Int32(every == some), some
 
     @cute.jit
     def copy_tile(self, regs: Regs, t: Uint32, sm: Scratch, written: Int32, parity: Int32, tid: Int32) -> Int32:
@@ -638,29 +667,47 @@ class RadixTopk:
 
     @cute.jit
     def digits_from_copy(self, first: cutlass.Constexpr[int], sm: Scratch, kept: Int32, t: Uint32, need: Int32,
-                         above_part: Int32, tid: Int32, src=None, span=None, refetch=None, regs=None):
+                         above_part: Int32, tid: Int32, src=None, span=None, refetch=None, regs=None, bucket=None):
         """Digits ``first``.. of t (with its digits above already in ``t``), counted from the copy,
         which holds every key of the span >= t. From digit 1 (the two-pass path) the second
-        digit is already counted, and a span too tie-heavy to copy counts the third over the row.
-        Returns (t, how many keys == t the best k_sel take, this CTA's keys > t)."""
+        digit is already counted, and a span too tie-heavy to copy counts the third over the row,
+        unless the keys of the first digit's bucket (``bucket`` of them in the cluster) all share
+        their second digit and the pass over them found them one value (then that is t).
+        Returns (t, how many keys == t the best k_sel take, this CTA's keys > t, its keys == t)."""
         last = 1 if self.ord16 else 2
-        for p in range(first, last + 1):
-            if cutlass.const_expr(first == 0):
+        if cutlass.const_expr(first == 0):
+            for p in range(last + 1):
                 self.count_copied(sm, kept, t, p, tid)
                 cute.arch.sync_threads()
-            elif p == 2:
-                if kept <= CAP:
-                    self.count_copied(sm, kept, t, p, tid)
-                else:
-                    self.count_digit(src, sm, span, refetch, 2, t, regs, tid)
-                cute.arch.sync_threads()
-            digit, above, own = self.find_digit(sm, p * BINS, need, tid)
-            need = need - above
-            above_part = above_part + own
-            t = t | (Uint32(digit) << Uint32(digit_shift(p)))
+                digit, above, own = self.find_digit(sm, p * BINS, need, tid)
+                need = need - above
+                above_part = above_part + own
+                t = t | (Uint32(digit) << Uint32(digit_shift(p)))
+            tied = sm.hist[last * BINS + digit_of(t, last)]
+        else:
+            settled = Int32(0)
+            tied_at = Int32(0)  # the histogram bin that holds this CTA's keys == t
+            for p in range(1, last + 1):
+                if settled == 0:
+                    if p == 2:
+                        if kept <= CAP:
+                            self.count_copied(sm, kept, t, p, tid)
+                        else:
+                            self.count_digit(src, sm, span, refetch, 2, t, regs, tid)
+                        cute.arch.sync_threads()
+                    digit, above, own = self.find_digit(sm, p * BINS, need, tid)
+                    need = need - above
+                    above_part = above_part + own
+                    t = t | (Uint32(digit) << Uint32(digit_shift(p)))
+                    tied_at = p * BINS + digit
+                    if cutlass.const_expr(not self.ord16):
+                        if (p == 1) & (sm.fine[digit % FINE] == bucket):  # the same in every CTA
+                            settled, value = self.single_valued(sm, tid)
+                            t = Uint32(cutlass.select_(settled != 0, value, t))
+            tied = sm.hist[tied_at]
         _, mine_above = block_exclusive(above_part, sm.warp_sums, tid, WARPS)
         cute.arch.sync_threads()  # warp_sums is reused next
-        return t, need, mine_above
+        return t, need, mine_above, tied
 
     @cute.jit
     def count_copied(self, sm: Scratch, kept: Int32, t: Uint32, p: Int32, tid: Int32):
@@ -678,7 +725,9 @@ class RadixTopk:
     def guess_gate(self, regs: Regs, span: Span, target: Int32, sm: Scratch, tid: Int32) -> Uint32:
         """A key g with about ``target`` of the span's keys at or above it, read off tile 0
         (``keys``): the first digit's histogram of the tile, then a straight line through the
-        chosen bin. Only a guess: the one-read path checks it afterwards."""
+        chosen bin; where that bin holds most of the tile (narrow or tie-heavy rows, where a line
+        through it means nothing), the tile's exact key of that rank from two more local digits.
+        Only a guess: the one-read path checks it afterwards."""
         hi, lo = span.hi, span.lo
         sample = min(hi, span.base + TILE) - lo
         r = Int32((Int64(target) * Int64(sample) + Int64(hi - lo - 1)) // Int64(hi - lo))
@@ -689,7 +738,20 @@ class RadixTopk:
         in_bin = Int64(sm.hist[2 * BINS + d])
         shift = DIGITS[0][0]  # a first-digit bin holds 2**shift keys
         inside = (in_bin - Int64(r - above)) * Int64(1 << shift) // in_bin
-        return Uint32((Int64(d) << Int64(shift)) + inside)
+        gate = Uint32((Int64(d) << Int64(shift)) + inside)
+        if in_bin > 4 * Int64(r):  # histograms 1 and 0 are still zero (the gated pass runs first)
+            g = Uint32(d) << Uint32(shift)
+            need = r - above
+            for p in cutlass.range_constexpr(1, 3):
+                for i in cutlass.range_constexpr(PER):
+                    if in_prefix(regs.keys[i], g, p):
+                        cute.arch.atomic_add(sm.hist.iterator + ((2 - p) * BINS + digit_of(regs.keys[i], p)), Int32(1))
+                cute.arch.sync_threads()
+                d, above, _ = self.find_digit(sm, Int32((2 - p) * BINS), need, tid, local=True)
+                need = need - above
+                g = g | (Uint32(d) << Uint32(DIGITS[p][0]))
+            gate = g
+        return gate
 
     @cute.jit
     def wait_for_keys(self):
@@ -750,7 +812,9 @@ class RadixTopk:
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
-        sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, segments, buf_key, buf_id, ring)
+        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2), 16)  # last: the arrays above keep their offsets
+        sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, bounds, segments, buf_key, buf_id,
+                     ring)
         keys = cute.make_rmem_tensor(PER, Uint32)
         ids = cute.make_rmem_tensor(PER, Int32)
         regs = Regs(keys, ids)
@@ -803,6 +867,8 @@ class RadixTopk:
             zero_fill(hist, 3 * BINS, tid, THREADS)
             if tid == 0:
                 claimed[0] = Int32(0)
+                bounds[0] = Uint32(0xFFFFFFFF)
+                bounds[1] = Uint32(0)
             cute.arch.sync_threads()
             found = Int32(0)
             # One read of long spans: copy the keys above a guessed gate in the first pass and
@@ -833,7 +899,8 @@ class RadixTopk:
                     highest = cutlass.select_(gates[r] > highest, gates[r], highest)
                 self.mark(marks, "exchange")
                 if (total >= k_sel) & (fits == 1):
-                    t, take, mine_above = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel, Int32(0), tid)
+                    t, take, mine_above, mine_tied = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel, Int32(0),
+                                                                           tid)
                     found = Int32(t >= highest)
                     self.mark(marks, "digits from the copies")
                 if found == 0:
@@ -853,19 +920,22 @@ class RadixTopk:
                 cute.arch.sync_threads()  # warp_sums is reused next
                 kept = mine_above + hist[digit]
                 self.mark(marks, "digit 0")
+                bucket = fine[digit % FINE]  # its keys in the cluster (the digit search leaves them in `fine`)
                 if kept <= CAP:
                     written = Int32(0)
                     self.begin_pass(src, ring, span, refetch, tid)
                     for tile in range(tiles):
                         self.next_tile(src, ring, span, tile, refetch, regs, tid)
                         written = written + self.copy_tile(regs, t, sm, written, tile % 2, tid)
+                    if tid == 0:  # the copy keeps no AND / OR: never settle on them
+                        bounds[0] = Uint32(0)
+                        bounds[1] = Uint32(0xFFFFFFFF)
                 else:
                     self.count_digit(src, sm, span, refetch, 1, t, regs, tid)
                 cute.arch.sync_threads()
                 self.mark(marks, "copy pass")
-                t, take, mine_above = self.digits_from_copy(1, sm, kept, t, k_sel - above, above_part, tid, src, span,
-                                                            refetch, regs)
-            mine_tied = hist[last * BINS + digit_of(t, last)]
+                t, take, mine_above, mine_tied = self.digits_from_copy(1, sm, kept, t, k_sel - above, above_part, tid,
+                                                                       src, span, refetch, regs, bucket)
 
             self.mark(marks, "digits 1-2")
 
