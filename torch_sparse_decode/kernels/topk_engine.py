@@ -359,9 +359,9 @@ class RadixTopk:
                     cute.arch.atomic_add(hist.iterator + digit_of(keys[i], 0), Int32(1))
                 elif in_prefix(keys[i], t, p):
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
-                    if cutlass.const_expr(p == 1):
+                    if cutlass.const_expr(p == 1 and not self.ord16):  # ord16 rows never read them
                         every, some = every & keys[i], some | keys[i]
-        if cutlass.const_expr(p == 1):
+        if cutlass.const_expr(p == 1 and not self.ord16):
             every = cute.arch.warp_redux_sync(every, "and")
             some = cute.arch.warp_redux_sync(some, "or")
             if tid % 32 == 0:
