@@ -48,7 +48,7 @@ OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dc
        "moe_gate_route")
 WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12, 6)  # how often each op is drawn
 FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
-            "relu", "bf16_plateau")
+            "relu", "bf16_plateau", "relu_sparse")
 ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
 ALWAYS_BLOCKS = (1, 8, 16, 64, 256)
 # (experts, topk, num_expert_group, topk_group)
@@ -188,6 +188,8 @@ def family(name: str, gen: torch.Generator, rows: int, width: int) -> torch.Tens
         return torch.where(u < 0.3, math.nan, x)
     if name == "relu":
         return torch.relu(x - 1)
+    if name == "relu_sparse":  # ties at 0.0 and a few scattered keys above them
+        return torch.relu(x - 3)
     if name == "bf16_plateau":
         return (x * 0.01).to(torch.bfloat16).float()
     return x

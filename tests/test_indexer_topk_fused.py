@@ -76,6 +76,22 @@ def test_long_rows(device, k, width):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("width", [300000, 1 << 19])
+def test_tie_path_copy_at_capacity(device, width):
+    """Zeros with k - 100 positives over one CTA's span (or half the row) at k = 4096, the copy's
+    capacity: the tie path writes the positives from its copy of the keys above the tied bucket,
+    staged in the same arrays; signed zeros keep their signs."""
+    k, rows = 4096, 4
+    gen = torch.Generator().manual_seed(width)
+    x = torch.zeros(rows, width)
+    for r, (lo, hi) in enumerate([(0, width // 8), (width - width // 8, width), (0, width // 2), (width // 2, width)]):
+        at = lo + torch.randperm(hi - lo, generator=gen)[: k - 100]
+        x[r, at] = torch.rand(at.numel(), generator=gen) + 0.5
+    x[2] = torch.where(x[2] == 0, torch.where(torch.rand(width, generator=gen) < 0.5, -0.0, 0.0), x[2])
+    check(x, torch.full((rows,), width, dtype=torch.int32), k, 64, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_windows(device):
     width, k = 20000, 512
     starts = torch.tensor([0, 1, 7, 10000, 19999, 20000, -3], dtype=torch.int32)

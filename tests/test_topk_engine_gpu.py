@@ -218,14 +218,19 @@ def test_blocks_k1_keeps_only_the_newest(block_size):
     assert torch.equal(got[:, 0], torch.where(ends > 0, (ends + block_size - 1) // block_size - 1, -1).int())
 
 
-def settling_rows(case: str, lengths: torch.Tensor, width: int, ranks: int, seed: int) -> torch.Tensor:
+def settling_rows(case: str, lengths: torch.Tensor, width: int, ranks: int, seed: int, k: int = 2048
+                  ) -> torch.Tensor:
     """Rows for the tie path's shortcuts (t taken from the keys' bounds, no further pass) and
     their near misses. one_value / signed_zeros: one key value (a single-valued row); one_above /
     one_below: one value but a key one ulp off, somewhere in the row (same first two digits:
     must not settle); zeros_few_positives: the threshold's bucket holds only 0.0 (settles after
     the second digit); zeros_denormal_in_copy: the same, but the first CTA's span is below zero
     save one denormal (its bucket fits its copy, which keeps no bounds: must not settle);
-    two_adjacent: keys one ulp apart throughout; narrow: 1 + 1e-6 randn (the gate's refinement)."""
+    two_adjacent: keys one ulp apart throughout; narrow: 1 + 1e-6 randn (the gate's refinement);
+    zeros_denormals: zeros, few positives and, in half the row, denormals (in zero's first-digit
+    bin but above it: those CTAs hold keys > t that the copy of the keys above the bucket lacks);
+    zeros_highs_first / zeros_highs_last: zeros and k - 100 positives scattered over the first /
+    last CTA's span (that CTA's copy of the keys above the bucket near full)."""
     gen = torch.Generator().manual_seed(seed)
     rows = lengths.numel()
     if case in ("one_value", "one_above", "one_below"):
@@ -246,6 +251,22 @@ def settling_rows(case: str, lengths: torch.Tensor, width: int, ranks: int, seed
                 x[r, :span] = -1.0
                 x[r, span // 2] = 1e-45
         return x
+    if case == "zeros_denormals":
+        x = torch.relu(torch.randn(rows, width, generator=gen) - 3.2)
+        tiny = torch.rand(rows, width, generator=gen) < 0.002
+        tiny[:, : width // 2] = False
+        return torch.where(tiny & (x == 0), 1e-40, x)
+    if case in ("zeros_highs_first", "zeros_highs_last"):
+        x = torch.zeros(rows, width)
+        for r in range(rows):
+            n = min(int(lengths[r]), width)
+            span = max((n + ranks - 1) // ranks, 1)
+            lo = 0 if case == "zeros_highs_first" else max(n - span, 0)
+            hi = min(lo + span, n)
+            if hi > lo:
+                at = lo + torch.randperm(hi - lo, generator=gen)[: max(k - 100, 0)]
+                x[r, at] = torch.rand(at.numel(), generator=gen) + 0.5
+        return x
     if case == "two_adjacent":
         one = torch.tensor(1.0)
         return torch.where(torch.rand(rows, width, generator=gen) < 0.5, one, torch.nextafter(one, torch.tensor(2.0)))
@@ -255,7 +276,8 @@ def settling_rows(case: str, lengths: torch.Tensor, width: int, ranks: int, seed
 
 
 SETTLING = ["one_value", "signed_zeros", "one_above", "one_below", "zeros_few_positives",
-            "zeros_denormal_in_copy", "two_adjacent", "narrow"]
+            "zeros_denormal_in_copy", "two_adjacent", "narrow", "zeros_denormals", "zeros_highs_first",
+            "zeros_highs_last"]
 
 
 @pytest.mark.parametrize("width", WIDTHS + [1 << 19])
@@ -264,23 +286,42 @@ def test_tie_path_shortcuts(width, case):
     k = 2048
     lengths = torch.tensor(span_edges(width, k), dtype=torch.int32)
     ranks = cluster_size(lengths.numel(), width)
-    x = settling_rows(case, lengths, width, ranks, seed=width % 89)
+    x = settling_rows(case, lengths, width, ranks, seed=width % 89, k=k)
     assert torch.equal(run_tokens(x, lengths, k, ROWS), oracle.topk_tokens(x, lengths, k))
     bf = x.to(torch.bfloat16)
     assert torch.equal(run_tokens(bf, lengths, k, ROWS), oracle.topk_tokens(bf.float(), lengths, k))
+
+
+@pytest.mark.parametrize("width", [300000, 1 << 19])
+@pytest.mark.parametrize("case", ["zeros_highs_first", "zeros_highs_last", "zeros_denormals"])
+def test_tie_path_copy_at_capacity(width, case):
+    """k = 4096, the copy's capacity: a CTA whose span holds k - 100 keys above the tied bucket
+    writes them from its copy, beside the ties it takes."""
+    k = 4096
+    lengths = torch.tensor([width, width - 1, width // 2 + 5, 5 * topk.TILE * 8 + 3, k + 1, width], dtype=torch.int32)
+    ranks = cluster_size(lengths.numel(), width)
+    x = settling_rows(case, lengths, width, ranks, seed=width % 97, k=k)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x, lengths, k))
+    bf = x.to(torch.bfloat16)
+    assert torch.equal(run_tokens(bf, lengths, k), oracle.topk_tokens(bf.float(), lengths, k))
 
 
 def test_tie_path_shortcuts_taken():
     """The profiled build's marks at 64 x 128K (2 CTAs a row, spans of the one-read path): rows of
     one value are settled after their second digit (the phase after the second digit's pass
     takes a fraction of that pass: no third pass over the row); 1 + 1e-6 randn rows are answered
-    from the one-read path's copies (the refined gate). Shortcuts that silently stopped would
+    from the one-read path's copies (the refined gate); zeros with scattered positives (ReLU)
+    write their positives from the copy made in the second digit's pass (the output phase of the
+    CTA that takes no ties is a fraction of that pass: no output pass over the row). Shortcuts that silently stopped would
     fail here."""
     rows, width, k = 64, 128 << 10, 2048
     ranks = cluster_size(rows, width)
     assert ranks == 2 and width // ranks > topk.ONE_READ_FROM
     x = torch.full((rows, width), 0.5)
-    x[rows // 2:] = 1 + 1e-6 * torch.randn(rows // 2, width, generator=torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)
+    third = rows // 3
+    x[third:2 * third] = 1 + 1e-6 * torch.randn(third, width, generator=gen)
+    x[2 * third:] = torch.relu(torch.randn(rows - 2 * third, width, generator=gen) - 3)
     lengths = torch.full((rows,), width, dtype=torch.int32)
     out = poisoned((rows, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     n = lengths.cuda()
@@ -288,10 +329,14 @@ def test_tie_path_shortcuts_taken():
     topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out, out, out, 0, none, 0)
     ends = out[:, k + 1:].reshape(rows, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu().long()
     at = {name: ends[..., topk.PHASES.index(name)] for name in topk.PHASES}
-    equal, narrow = slice(0, rows // 2), slice(rows // 2, rows)
+    equal, narrow, relu = slice(0, third), slice(third, 2 * third), slice(2 * third, rows)
     second = at["copy pass"][equal] - at["digit 0"][equal]
     rest = at["digits 1-2"][equal] - at["copy pass"][equal]
     assert (at["first-digit pass"][equal] > 0).all() and (rest * 2 < second).all(), (second, rest)
+    # The second CTA takes no ties (the first CTA's lowest ids fill the take), only its positives.
+    second = at["copy pass"][relu, 1] - at["digit 0"][relu, 1]
+    output = at["output"][relu, 1] - at["offsets"][relu, 1]
+    assert (at["first-digit pass"][relu] > 0).all() and (output * 3 < second).all(), (second, output)
     assert (at["digits from the copies"][narrow] > 0).all(), at["digits from the copies"][narrow]
     assert not (at["first-digit pass"][narrow] > 0).any()
     assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))

@@ -343,9 +343,11 @@ class RadixTopk:
 
     @cute.jit
     def count_digit(self, src: cute.Tensor, sm: Scratch, span: Span, refetch, p: cutlass.Constexpr[int], t: Uint32,
-                    regs: Regs, tid: Int32):
+                    regs: Regs, tid: Int32, high=None):
         """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's; for p = 1
-        also the AND and the OR of those keys (``bounds``): equal over the cluster, they are t.
+        also the AND and the OR of those keys (``bounds``): equal over the cluster, they are t;
+        and a copy of the keys >= ``high`` (those above the first digit's bucket), as the gated
+        pass copies, for an output stage that then need not read the row for them.
 
         The first digit counts every slot without a branch: a missing key (0) lands in bin 0,
         which no score reaches (-inf's key is in bin 3), so the digit search never picks it."""
@@ -361,6 +363,8 @@ class RadixTopk:
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
                     if cutlass.const_expr(p == 1 and not self.ord16):  # ord16 rows never read them
                         every, some = every & keys[i], some | keys[i]
+            if cutlass.const_expr(high is not None):
+                self.append_tile(regs, high, tile, sm, tid)
         if cutlass.const_expr(p == 1 and not self.ord16):
             every = cute.arch.warp_redux_sync(every, "and")
             some = cute.arch.warp_redux_sync(some, "or")
@@ -461,6 +465,27 @@ class RadixTopk:
             elif flags[i] & (ats[i] < width):
                 o.out[row, ats[i]] = ids[i]
         return added, tile_tied
+
+    @cute.jit
+    def copy_out(self, o: Outputs, dest: Staging, sm: Scratch, row: Int32, at: Int32, done: Int32, n: Int32,
+                 written: Int32, tid: Int32):
+        """Write the copy's entries ``done``..``n`` (at ``buf[at + j]``, in index order) after the
+        ``written`` before them. A fused build stages them in the same arrays, at or below the
+        entries' own places: each batch is read before any of it is written."""
+        width = o.out.shape[1]
+        for start in range(done, n, THREADS):
+            j = start + tid
+            e = at + min(max(j, Int32(0)), n - 1)
+            kid, key = sm.buf_id[e], sm.buf_key[e]
+            cute.arch.sync_threads()
+            slot = written + j - done
+            if cutlass.const_expr(self.fused):
+                if (j < n) & (slot < width) & (slot - dest.base < CAP):
+                    dest.ids[slot - dest.base] = kid
+                    dest.keys[slot - dest.base] = key
+            elif (j < n) & (slot < width):
+                o.out[row, slot] = kid
+            cute.arch.sync_threads()
 
     @cute.jit
     def flush(self, o: Outputs, src: cute.Tensor, dest: Staging, row: Int32, first: Int32, count: Int32,
@@ -610,11 +635,11 @@ class RadixTopk:
         return start + kept_n
 
     @cute.jit
-    def in_index_order(self, tiles: Int32, sm: Scratch, copied: Int32, tid: Int32):
-        """Put the gated pass's copy in index order: a (tile, warp) part goes after every part of
-        the tiles before it and of the lower warps in its tile. One scan of the part sizes turns
-        ``segments`` into each part's shift; every entry then moves by its part's shift, staged
-        through the ring (free after the pass)."""
+    def in_index_order(self, tiles: Int32, sm: Scratch, copied: Int32, tid: Int32, to: Int32 = 0):
+        """Put the gated pass's copy in index order, at ``to``..: a (tile, warp) part goes after
+        every part of the tiles before it and of the lower warps in its tile. One scan of the part
+        sizes turns ``segments`` into each part's shift; every entry then moves by its part's
+        shift, staged through the ring (free after the pass)."""
         segments, buf_key, buf_id, warp_sums = sm.segments, sm.buf_key, sm.buf_id, sm.warp_sums
         parts = tiles * WARPS
         each = (parts + THREADS - 1) // THREADS
@@ -638,8 +663,8 @@ class RadixTopk:
             staged[CAP + at] = Int32(tagged & Uint32((1 << ID_BITS) - 1))
         cute.arch.sync_threads()
         for e in range(tid, copied, THREADS):
-            buf_key[e] = Uint32(staged[e])
-            buf_id[e] = staged[CAP + e]
+            buf_key[to + e] = Uint32(staged[e])
+            buf_id[to + e] = staged[CAP + e]
         cute.arch.sync_threads()
 
     @cute.jit
@@ -871,6 +896,7 @@ class RadixTopk:
                 bounds[1] = Uint32(0)
             cute.arch.sync_threads()
             found = Int32(0)
+            high_n = Int32(-1)  # the tie path's copy of the keys above the first digit's bucket, -1: none
             # One read of long spans: copy the keys above a guessed gate in the first pass and
             # select from the copies alone. Exact when every CTA's gate is <= t (then the copies
             # hold every key >= t), which the end checks; else the two-pass path below.
@@ -917,6 +943,8 @@ class RadixTopk:
                 digit, above, above_part = self.find_digit(sm, Int32(0), k_sel, tid)
                 t = Uint32(digit) << Uint32(DIGITS[0][0])
                 _, mine_above = block_exclusive(above_part, warp_sums, tid, WARPS)
+                if tid == 0:
+                    claimed[0] = Int32(0)  # for the high copy
                 cute.arch.sync_threads()  # warp_sums is reused next
                 kept = mine_above + hist[digit]
                 self.mark(marks, "digit 0")
@@ -931,7 +959,19 @@ class RadixTopk:
                         bounds[0] = Uint32(0)
                         bounds[1] = Uint32(0xFFFFFFFF)
                 else:
-                    self.count_digit(src, sm, span, refetch, 1, t, regs, tid)
+                    # Tie-heavy: also copy the keys above the bucket (<= k_sel of them, when there
+                    # are any: the copy costs the pass time), where the ring is free to order them
+                    # (a span streamed, not resident).
+                    if cutlass.const_expr(not self.ord16):
+                        if refetch & (digit < BINS - 1) & (mine_above > 0):
+                            high_n = mine_above
+                    if high_n > 0:
+                        self.count_digit(src, sm, span, refetch, 1, t, regs, tid,
+                                         Uint32(digit + 1) << Uint32(DIGITS[0][0]))
+                        cute.arch.cp_async_wait_group(0)
+                        self.in_index_order(tiles, sm, high_n, tid, CAP - high_n)
+                    else:
+                        self.count_digit(src, sm, span, refetch, 1, t, regs, tid)
                 cute.arch.sync_threads()
                 self.mark(marks, "copy pass")
                 t, take, mine_above, mine_tied = self.digits_from_copy(1, sm, kept, t, k_sel - above, above_part, tid,
@@ -983,16 +1023,26 @@ class RadixTopk:
                     written = written + added
                     eq_before = eq_before + tied
             else:
-                self.begin_pass(src, ring, span, refetch, tid)
+                # Until this CTA's share is out: where ties at t fill it from the lowest ids
+                # (all-equal or few-valued rows) that is the first tiles, or none. When the high
+                # copy holds every key > t of the span, only until its ties are out (ranked, to
+                # count them), then the rest of the copy.
+                from_copy = Int32((high_n >= 0) & (high_n == mine_above))
+                ranked = ranked | (from_copy != 0)
+                ties_from = min(eq_before, take)
+                ties_to = min(eq_before + mine_tied, take)
+                streams = (mine_taken > 0) & ((from_copy == 0) | (ties_from < ties_to))
+                self.begin_pass(src, ring, span, refetch & streams, tid)  # no requests that none reads
                 for tile in range(tiles):
-                    # Until this CTA's share is out: where ties at t fill it from the lowest ids
-                    # (all-equal or few-valued rows) that is the first tiles, or none.
-                    if written - out_base < mine_taken:
+                    if (written - out_base < mine_taken) & ((from_copy == 0) | (eq_before < ties_to)):
                         self.next_tile(src, ring, span, tile, refetch, regs, tid)
                         added, tied = self.compact_tile(regs, t, take, eq_before, ranked, o, dest, row, written,
                                                         counts, tile % 2, tid)
                         written = written + added
                         eq_before = eq_before + tied
+                if from_copy != 0:
+                    done = written - out_base - (min(eq_before, take) - ties_from)  # the copy's entries out
+                    self.copy_out(o, dest, sm, row, CAP - high_n, done, high_n, written, tid)
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 self.flush(o, src, dest, row, first, mine_taken, tid)
