@@ -74,6 +74,7 @@ STAGES = 4  # tiles in the shared-memory ring (STAGES - 1 in flight); shorter sp
 # it does not (8 x 128K 16.9 -> 17.3, 1 x 64K ord16 13.7 -> 14.7; benchmarks/RESULTS.md).
 ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
+NO_COPY = 0xFFFFFFFF  # count_digit's ``high`` when it copies nothing (no key is above it)
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16, torch.int32: Int32}
 # Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
@@ -343,7 +344,7 @@ class RadixTopk:
 
     @cute.jit
     def count_digit(self, src: cute.Tensor, sm: Scratch, span: Span, refetch, p: cutlass.Constexpr[int], t: Uint32,
-                    regs: Regs, tid: Int32, high=None):
+                    regs: Regs, tid: Int32, high: Uint32 = NO_COPY):
         """Histogram digit p (0, 1, 2) of the span's keys whose higher digits equal t's; for p = 1
         also the AND and the OR of those keys (``bounds``): equal over the cluster, they are t;
         and a copy of the keys >= ``high`` (those above the first digit's bucket), as the gated
@@ -363,8 +364,9 @@ class RadixTopk:
                     cute.arch.atomic_add(hist.iterator + (p * BINS + digit_of(keys[i], p)), Int32(1))
                     if cutlass.const_expr(p == 1 and not self.ord16):  # ord16 rows never read them
                         every, some = every & keys[i], some | keys[i]
-            if cutlass.const_expr(high is not None):
-                self.append_tile(regs, high, tile, sm, tid)
+            if cutlass.const_expr(p == 1 and not self.ord16):
+                if high != NO_COPY:  # one build of the loop for both: a second costs long rows 15%
+                    self.append_tile(regs, high, tile, sm, tid)
         if cutlass.const_expr(p == 1 and not self.ord16):
             every = cute.arch.warp_redux_sync(every, "and")
             some = cute.arch.warp_redux_sync(some, "or")
@@ -965,13 +967,13 @@ class RadixTopk:
                     if cutlass.const_expr(not self.ord16):
                         if refetch & (digit < BINS - 1) & (mine_above > 0):
                             high_n = mine_above
+                    high = Uint32(NO_COPY)
                     if high_n > 0:
-                        self.count_digit(src, sm, span, refetch, 1, t, regs, tid,
-                                         Uint32(digit + 1) << Uint32(DIGITS[0][0]))
+                        high = Uint32(digit + 1) << Uint32(DIGITS[0][0])
+                    self.count_digit(src, sm, span, refetch, 1, t, regs, tid, high)
+                    if high_n > 0:
                         cute.arch.cp_async_wait_group(0)
                         self.in_index_order(tiles, sm, high_n, tid, CAP - high_n)
-                    else:
-                        self.count_digit(src, sm, span, refetch, 1, t, regs, tid)
                 cute.arch.sync_threads()
                 self.mark(marks, "copy pass")
                 t, take, mine_above, mine_tied = self.digits_from_copy(1, sm, kept, t, k_sel - above, above_part, tid,
