@@ -7,7 +7,9 @@ relative imports resolve in this checkout's ``kernels`` package).
     python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick] [--rounds R] [--results FILE]
 
 Every version runs every shape on the same inputs; a version whose ids differ from this
-checkout's on a shape is marked there (the GPU tests are what prove exactness). With --rounds R,
+checkout's on a shape is marked there (the GPU tests are what prove exactness). The disk cache of
+compiled kernels is off here (every version compiles in this process): its key covers the
+package's source, not a copy outside it. With --rounds R,
 the versions take turns R times per shape and each cell is the median of its R times: one run's
 spread between identical versions reached ~2% at 64 x 1M (session 8), more than some changes.
 """
@@ -18,11 +20,15 @@ import importlib.util
 import os
 import statistics
 
-import torch
+# The disk cache keys an entry by the package's source, which a copy outside it does not change:
+# with it on, every copy would load this checkout's kernels and time them again.
+os.environ["TORCH_SPARSE_DECODE_CACHE"] = "0"
 
-from harness import Table, graph_us, parser, rotation
-from torch_sparse_decode.kernels import topk_engine as current
-from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
+import torch  # noqa: E402
+
+from harness import Table, graph_us, parser, rotation  # noqa: E402
+from torch_sparse_decode.kernels import topk_engine as current  # noqa: E402
+from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys  # noqa: E402
 
 K = 2048
 SHAPES = [  # (what, rows, width, block_size)
