@@ -340,3 +340,64 @@ def test_tie_path_shortcuts_taken():
     assert (at["digits from the copies"][narrow] > 0).all(), at["digits from the copies"][narrow]
     assert not (at["first-digit pass"][narrow] > 0).any()
     assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))
+
+
+@pytest.mark.parametrize("k", [1, 100, 2048, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_read_ties_at_the_gate(k, dtype):
+    """One-read spans (8 CTAs a row) whose gate guessed from tile 0 is the row's t in some CTAs
+    and not in others: a constant per CTA span (rising, falling, repeating), constant spans
+    between random ones, 4 distinct values, ReLU zeros with signed zeros, one value with a key
+    one ulp above it at the end of the row, and spans of one value whose tile 0 holds the top."""
+    width = 1 << 19
+    rows = 8
+    ranks = cluster_size(rows, width)
+    assert ranks == 8 and width // ranks > topk.ONE_READ_FROM
+    span = width // ranks
+    gen = torch.Generator().manual_seed(k)
+    x = torch.empty(rows, width)
+    x[0] = torch.arange(ranks, dtype=torch.float32).repeat_interleave(span)
+    x[1] = x[0].flip(0)
+    x[2] = (torch.arange(ranks) % 3).float().repeat_interleave(span)
+    x[3] = torch.randn(width, generator=gen)
+    x[3].view(ranks, span)[1::2] = 4.0
+    x[4] = torch.tensor([0.1, 0.5, 1.0, 2.0])[torch.randint(0, 4, (width,), generator=gen)]
+    x[5] = torch.relu(torch.randn(width, generator=gen) - 3)
+    x[5] = torch.where((x[5] == 0) & (torch.rand(width, generator=gen) < 0.5), -0.0, x[5])
+    x[6] = 0.5
+    x[6, -1] = torch.nextafter(torch.tensor(0.5), torch.tensor(1.0))
+    x[7] = 0.25
+    x[7].view(ranks, span)[:, :topk.TILE] = 0.75
+    x = x.to(dtype)
+    lengths = torch.tensor([width, width, width - 3, width, width, width, width, width - span // 2], dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x.float(), lengths, k))
+
+
+@pytest.mark.parametrize("k", [1, 100, 2048])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_read_gate_is_t_with_its_ties_copied(k, dtype):
+    """A CTA whose exact gate is t, with few ties at it (a copy holds them): tile 0 holds r - 1
+    keys above a value V and 2 keys of V (so the gate, its rank-r key, is V), and more keys of V
+    outside tile 0 make V the row's t. Found by the fuzzer (seed 27, case 64) in a build that
+    counted the keys at the gate: such CTAs wrote their ties twice."""
+    width = 1 << 19
+    rows = 8
+    ranks = cluster_size(rows, width)
+    assert ranks == 8
+    span, tile = width // ranks, topk.TILE
+    share = -(-k * span // width)
+    target = min(2 * share, topk.CAP * 3 // 4)
+    r = -(-target * tile // span)  # the rank of the gate in tile 0
+    above, v_rest = r - 1, 300
+    assert ranks * above < k <= ranks * (above + 2 + v_rest)
+    gen = torch.Generator().manual_seed(k)
+    x = 1.0 + 0.1 * torch.rand(rows, ranks, span, generator=gen)
+    for row in range(rows):
+        for c in range(ranks):
+            head = torch.randperm(tile, generator=gen)[:above + 2]
+            x[row, c, head[:above]] = 1.24 + 0.001 * torch.rand(above, generator=gen)
+            x[row, c, head[above:]] = 1.2
+            x[row, c, tile + torch.randperm(span - tile, generator=gen)[:v_rest]] = 1.2
+    x = x.reshape(rows, width).to(dtype)
+    lengths = torch.full((rows,), width, dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x.float(), lengths, k))
