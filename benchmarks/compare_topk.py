@@ -17,18 +17,13 @@ spread between identical versions reached ~2% at 64 x 1M (session 8), more than 
 from __future__ import annotations
 
 import importlib.util
-import os
 import statistics
 
-# The disk cache keys an entry by the package's source, which a copy outside it does not change:
-# with it on, every copy would load this checkout's kernels and time them again.
-os.environ["TORCH_SPARSE_DECODE_CACHE"] = "0"
+import torch
 
-import torch  # noqa: E402
-
-from harness import Table, graph_us, parser, rotation  # noqa: E402
-from torch_sparse_decode.kernels import topk_engine as current  # noqa: E402
-from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys  # noqa: E402
+from harness import Table, graph_us, parser, rotation
+from torch_sparse_decode.kernels import topk_engine as current
+from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
 K = 2048
 SHAPES = [  # (what, rows, width, block_size)

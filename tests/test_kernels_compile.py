@@ -1,6 +1,7 @@
 """Compile-only checks of the CuTe DSL kernels: they build from fake tensors without a GPU."""
 
 import functools
+import inspect
 import os
 import re
 import subprocess
@@ -109,12 +110,39 @@ def test_the_disk_cache_is_off_at_0_and_survives_a_bad_file(tmp_path, monkeypatc
     monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
     built = []
     compiled = _small_route_kernel(built)
-    path, _ = helper._entry("cache_test", (16, 8))
+    path, _ = helper._entry("cache_test", (16, 8), helper._origin_hash(compiled.__wrapped__))
     path.write_bytes(b"not an object file")
     assert compiled(16) is not None and built == [16]  # compiled anew, and the file replaced
     helper.clear_memory()
     compiled(16)
     assert built == [16]
+
+
+def test_a_kernel_built_outside_the_package_is_keyed_by_its_own_file(tmp_path, monkeypatch):
+    """A benchmark's copy of a kernel file must not load the package's build of the same name:
+    its entry is keyed by the copy's bytes, and an edit to the copy gives a new entry."""
+    import importlib.util
+
+    from torch_sparse_decode.kernels import compile as helper
+    from torch_sparse_decode.kernels import topk_engine
+
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path / "cache"))
+
+    def load(text: str, name: str):
+        path = tmp_path / f"{name}.py"
+        path.write_text(text)
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.build
+
+    first = load("def build(n):\n    return n\n", "copy_a")
+    edited = load("def build(n):\n    return n + 0\n", "copy_b")
+    inside = helper._origin_hash(inspect.unwrap(topk_engine.compiled))
+    assert inside == ""
+    keys = {helper._entry("engine", (1, 2), origin) for origin in
+            (inside, helper._origin_hash(first), helper._origin_hash(edited))}
+    assert len(keys) == 3
 
 
 @pytest.mark.gpu

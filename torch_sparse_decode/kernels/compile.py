@@ -5,9 +5,10 @@ Each kernel compiles once per process and static configuration (its constexpr tu
 cache keeps each compiled kernel as an object file, so a new process on the same machine loads in
 milliseconds what an earlier one compiled (``warmup()`` then costs seconds, not minutes). Its
 folder is ``$TORCH_SPARSE_DECODE_CACHE`` (default ``~/.cache/torch_sparse_decode``; set it to
-``0`` to turn the disk cache off). An entry is keyed by the package's source, the CuTe DSL
-version (and torch's and TVM-FFI's), the target GPU and the configuration, so an edited kernel or
-an upgraded toolkit never loads a stale build.
+``0`` to turn the disk cache off). An entry is keyed by the package's source (and by the
+build function's own file where that lies outside the package: a benchmark's copy of a kernel),
+the CuTe DSL version (and torch's and TVM-FFI's), the target GPU and the configuration, so an
+edited kernel or an upgraded toolkit never loads a stale build.
 """
 
 from __future__ import annotations
@@ -69,11 +70,20 @@ def _source_hash() -> str:
     return digest.hexdigest()
 
 
-def _entry(name: str, config: tuple) -> tuple[Path, str] | None:
+def _origin_hash(build: Callable[..., Any]) -> str:
+    """The build function's file, where the package's source hash does not already cover it."""
+    source = inspect.getsourcefile(build)
+    path = Path(source).resolve() if source else None
+    if path is None or path.is_relative_to(_PACKAGE) or not path.exists():
+        return ""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _entry(name: str, config: tuple, origin: str = "") -> tuple[Path, str] | None:
     folder = cache_dir()
     if folder is None:
         return None
-    key = hashlib.sha256(repr((_source_hash(), _target(), name, config)).encode()).hexdigest()[:24]
+    key = hashlib.sha256(repr((_source_hash(), origin, _target(), name, config)).encode()).hexdigest()[:24]
     symbol = f"tsd_{name}_{key}"
     return folder / f"{symbol}.o", symbol
 
@@ -102,7 +112,7 @@ def _store(fn, path: Path, symbol: str) -> None:
 
 
 def _compile(name: str, config: tuple, build: Callable[..., Any]):
-    entry = _entry(name, config)
+    entry = _entry(name, config, _origin_hash(build))
     fn = _load(*entry) if entry is not None and entry[0].exists() else None
     if fn is None:
         fn = build(*config)
