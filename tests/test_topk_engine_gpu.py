@@ -103,8 +103,9 @@ def test_one_read_gates_that_fail(dtype):
     guessed from its first tile. Rows built so that the guesses fail every way must fall back to
     two passes and stay exact: a gate above the k-th key (a CTA's first tile far above the rest
     of the row), a copy that overflows (rising rows, a first tile far below), too few copied
-    (falling rows), all keys equal; and rows where the guess holds, one with the whole top k in
-    a window of a few warps' parts of one CTA's tiles (large parts to put in index order)."""
+    (falling rows); and rows where the guess holds (all keys equal: the gate is their value),
+    one with the whole top k in a window of a few warps' parts of one CTA's tiles (large parts
+    to put in index order)."""
     width = 1 << 19
     assert cluster_size(7, width) == 8 and width // 8 > topk.ONE_READ_FROM
     span = width // 8
@@ -306,22 +307,37 @@ def test_tie_path_copy_at_capacity(width, case):
     assert torch.equal(run_tokens(bf, lengths, k), oracle.topk_tokens(bf.float(), lengths, k))
 
 
+def spiked(x: torch.Tensor, ranks: int, count: int = 300) -> torch.Tensor:
+    """``x`` with ``count`` keys in [10, 11) at the start of every CTA's span (fewer than k in
+    all): each CTA's tile 0 then guesses a gate among them, far above t, so the one-read path
+    copies too few keys and fails."""
+    span = x.shape[1] // ranks
+    for r in range(ranks):
+        x[:, r * span:r * span + count] = 10 + torch.rand(x.shape[0], count, generator=torch.Generator().manual_seed(r))
+    return x
+
+
 def test_tie_path_shortcuts_taken():
-    """The profiled build's marks at 64 x 128K (2 CTAs a row, spans of the one-read path): rows of
-    one value are settled after their second digit (the phase after the second digit's pass
-    takes a fraction of that pass: no third pass over the row); 1 + 1e-6 randn rows are answered
-    from the one-read path's copies (the refined gate); zeros with scattered positives (ReLU)
-    write their positives from the copy made in the second digit's pass (the output phase of the
-    CTA that takes no ties is a fraction of that pass: no output pass over the row). Shortcuts that silently stopped would
-    fail here."""
+    """The profiled build's marks at 64 x 128K (2 CTAs a row, spans of the one-read path).
+    One-read path: rows of one value, zeros with scattered positives (ReLU) and 1 + 1e-6 randn
+    rows are answered from the copies (no first-digit pass; the keys equal to the gate are
+    counted, not copied), and the CTA that takes no ties writes from its copy alone (its output
+    phase is a fraction of the gated pass). Where the one-read path fails (a first tile of
+    large keys, ``spiked``): rows of one value are settled after their second digit (the phase
+    after the second digit's pass is a fraction of that pass: no third pass over the row), and ReLU
+    rows write their positives from the copy made in the second digit's pass (no output pass).
+    Shortcuts that silently stopped would fail here."""
     rows, width, k = 64, 128 << 10, 2048
     ranks = cluster_size(rows, width)
     assert ranks == 2 and width // ranks > topk.ONE_READ_FROM
-    x = torch.full((rows, width), 0.5)
     gen = torch.Generator().manual_seed(3)
-    third = rows // 3
-    x[third:2 * third] = 1 + 1e-6 * torch.randn(third, width, generator=gen)
-    x[2 * third:] = torch.relu(torch.randn(rows - 2 * third, width, generator=gen) - 3)
+    group = rows // 5
+    equal, relu, narrow, equal_spiked, relu_spiked = (slice(g * group, (g + 1) * group) for g in range(5))
+    x = torch.full((rows, width), 0.5)
+    x[relu] = torch.relu(torch.randn(group, width, generator=gen) - 3)
+    x[narrow] = 1 + 1e-6 * torch.randn(group, width, generator=gen)
+    x[equal_spiked] = spiked(x[equal_spiked].clone(), ranks)
+    x[relu_spiked] = spiked(torch.relu(torch.randn(group, width, generator=gen) - 3), ranks)
     lengths = torch.full((rows,), width, dtype=torch.int32)
     out = poisoned((rows, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     n = lengths.cuda()
@@ -329,24 +345,27 @@ def test_tie_path_shortcuts_taken():
     topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out, out, out, 0, none, 0)
     ends = out[:, k + 1:].reshape(rows, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu().long()
     at = {name: ends[..., topk.PHASES.index(name)] for name in topk.PHASES}
-    equal, narrow, relu = slice(0, third), slice(third, 2 * third), slice(2 * third, rows)
-    second = at["copy pass"][equal] - at["digit 0"][equal]
-    rest = at["digits 1-2"][equal] - at["copy pass"][equal]
-    assert (at["first-digit pass"][equal] > 0).all() and (rest * 2 < second).all(), (second, rest)
-    # The second CTA takes no ties (the first CTA's lowest ids fill the take), only its positives.
-    second = at["copy pass"][relu, 1] - at["digit 0"][relu, 1]
-    output = at["output"][relu, 1] - at["offsets"][relu, 1]
-    assert (at["first-digit pass"][relu] > 0).all() and (output * 3 < second).all(), (second, output)
-    assert (at["digits from the copies"][narrow] > 0).all(), at["digits from the copies"][narrow]
-    assert not (at["first-digit pass"][narrow] > 0).any()
+    for one_read in (equal, relu, narrow):
+        assert (at["digits from the copies"][one_read] > 0).all(), at["digits from the copies"][one_read]
+        assert not (at["first-digit pass"][one_read] > 0).any()
+    for one_read in (equal, relu):  # the first CTA's lowest ids fill the take of ties
+        output = at["output"][one_read, 1] - at["offsets"][one_read, 1]
+        assert (output * 3 < at["gated pass + index order"][one_read, 1]).all(), output
+    second = at["copy pass"][equal_spiked] - at["digit 0"][equal_spiked]
+    rest = at["digits 1-2"][equal_spiked] - at["copy pass"][equal_spiked]
+    assert (at["first-digit pass"][equal_spiked] > 0).all() and (rest * 2 < second).all(), (second, rest)
+    second = at["copy pass"][relu_spiked, 1] - at["digit 0"][relu_spiked, 1]
+    output = at["output"][relu_spiked, 1] - at["offsets"][relu_spiked, 1]
+    assert (at["first-digit pass"][relu_spiked] > 0).all() and (output * 3 < second).all(), (second, output)
     assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))
 
 
 @pytest.mark.parametrize("k", [1, 100, 2048, 4096])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_read_ties_at_the_gate(k, dtype):
-    """One-read spans (8 CTAs a row) whose gate guessed from tile 0 is the row's t in some CTAs
-    and not in others: a constant per CTA span (rising, falling, repeating), constant spans
+    """The one-read path counts the keys equal to its gate instead of copying them, and the CTAs
+    whose gate is t stream their span for the ties they take. Rows where the gate is t in some
+    CTAs and not in others: a constant per CTA span (rising, falling, repeating), constant spans
     between random ones, 4 distinct values, ReLU zeros with signed zeros, one value with a key
     one ulp above it at the end of the row, and spans of one value whose tile 0 holds the top."""
     width = 1 << 19
@@ -376,10 +395,10 @@ def test_one_read_ties_at_the_gate(k, dtype):
 @pytest.mark.parametrize("k", [1, 100, 2048])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_read_gate_is_t_with_its_ties_copied(k, dtype):
-    """A CTA whose exact gate is t, with few ties at it (a copy holds them): tile 0 holds r - 1
-    keys above a value V and 2 keys of V (so the gate, its rank-r key, is V), and more keys of V
-    outside tile 0 make V the row's t. Found by the fuzzer (seed 27, case 64) in a build that
-    counted the keys at the gate: such CTAs wrote their ties twice."""
+    """A CTA whose exact gate is t but whose ties at it are few (they are copied, not counted)
+    writes the whole answer from its copy: tile 0 holds r - 1 keys above a value V and 2 keys of
+    V (so the gate, its rank-r key, is V), and more keys of V outside tile 0 make V the row's t.
+    Found by the fuzzer (seed 27, case 64): such CTAs streamed their ties as well."""
     width = 1 << 19
     rows = 8
     ranks = cluster_size(rows, width)

@@ -19,22 +19,25 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
 - Spans of more than ONE_READ_FROM keys (two tiles) take one read: the first pass copies each
   key above a gate, guessed from the CTA's first tile to leave about twice its share of the best
   k_sel above it, with no CTA barrier (warps claim room; the parts are put in index order after
-  the pass), and the digits are read off the copies alone. The answer is exact when every CTA's
-  gate is <= t, which is checked; otherwise (and for shorter spans) two passes: after the first
-  digit a CTA whose keys at or above t's bucket fit in shared memory copies them there in index
-  order; tie-heavy spans, whose bucket holds most of the span, pass over it once per digit
-  instead (still exact). That ordered copy costs one CTA barrier per tile. The second digit's
-  pass also ANDs and ORs the bucket's keys: where they agree over the cluster the bucket is one
-  value, which is t, and the third pass is skipped (all-equal rows, zeros under a ReLU, few
-  values). Where tile 0's chosen first-digit bin holds most of the tile (narrow rows such as
-  1 + 1e-6 randn), the gate is the tile's exact key of that rank, not a line through the bin.
+  the pass), and counts the keys equal to the gate; the digits are read off the copies and
+  those counts alone. Where tile 0's chosen first-digit bin holds most of the tile (narrow rows
+  such as 1 + 1e-6 randn, tie-heavy rows), the gate is the tile's exact key of that rank, not a
+  line through the bin: on rows of one or few values and ReLU zeros that is the tied value, so
+  the copy stays small and a CTA whose gate is t streams its span again only until its share
+  of the ties (the lowest ids) is out. The answer is exact when every CTA's gate is <= t, which
+  is checked; otherwise (and for shorter spans) two passes: after the first digit a CTA whose
+  keys at or above t's bucket fit in shared memory copies them there in index order (one CTA
+  barrier per tile); tie-heavy spans, whose bucket holds most of the span, pass over it once
+  per digit instead (still exact), copying the keys above the bucket on the way. The second
+  digit's pass also ANDs and ORs the bucket's keys: where they agree over the cluster the
+  bucket is one value, which is t, and the third pass is skipped.
 - A row of <= k_sel keys keeps them all: the engine writes every valid id in order and the
   padding without reading a key (and the block-key pre-pass skips such rows).
 - Output: each CTA writes its keys > t and its share of the keys == t at an offset from the
   counts of the CTAs before it. Ties at t go to the lowest ids, so ids come out ascending with no
   sort and no approximate bin; nothing is written outside ``out`` (no workspace). A CTA that
-  re-streams its span for the output stops once its share is out: on tie-heavy rows the lowest
-  ids fill it in the first tiles.
+  re-streams its span for the output stops once its share is out (on tie-heavy rows the lowest
+  ids fill it in the first tiles), or, with a copy of its keys above t, once its ties are out.
 
 Why CuTe DSL: the select needs shared-memory atomics, warp votes, cluster barriers and
 distributed shared memory, none of which Triton exposes. docs/topk_engine.md says where the time
@@ -200,7 +203,7 @@ class Scratch:
     warp_sums: cute.Tensor
     result: cute.Tensor  # the digit search's (digit, keys above)
     shared: cute.Tensor  # (keys above t, keys == t, copied, gate), read by the other CTAs
-    claimed: cute.Tensor  # the gated pass's copy size
+    claimed: cute.Tensor  # the gated pass's (copy size, keys == gate)
     bounds: cute.Tensor  # (AND, OR) of the keys the digit-1 pass counted, read by the other CTAs
     segments: cute.Tensor  # the gated pass's (tile, warp) parts
     buf_key: cute.Tensor
@@ -670,33 +673,59 @@ class RadixTopk:
         cute.arch.sync_threads()
 
     @cute.jit
+    def to_end(self, sm: Scratch, n: Int32, tid: Int32):
+        """Move the copy's n entries from buf[0, n) to buf[CAP - n, CAP), staged through the ring
+        (free after the gated pass)."""
+        staged = cute.recast_tensor(sm.ring, Int32)
+        for e in range(tid, n, THREADS):
+            staged[e] = Int32(sm.buf_key[e])
+            staged[CAP + e] = sm.buf_id[e]
+        cute.arch.sync_threads()
+        for e in range(tid, n, THREADS):
+            sm.buf_key[CAP - n + e] = Uint32(staged[e])
+            sm.buf_id[CAP - n + e] = staged[CAP + e]
+        cute.arch.sync_threads()
+
+    @cute.jit
     def gated_copy(self, src: cute.Tensor, sm: Scratch, span: Span, target: Int32, regs: Regs, tid: Int32):
         """The one-read path's pass: copy the span's keys >= a gate, in index order (every key
-        when the span fits the copy, else a gate guessed from tile 0 to leave about ``target``
-        above it). Warps run through it with no CTA barrier after tile 0 and stop once the copy
-        overflows. Returns (how many keys are >= the gate, > CAP if it overflowed; the gate).
-        Leaves the ring overwritten."""
-        gate = Uint32(1)
+        when the span fits the copy, gate 0; else a gate guessed from tile 0 to leave about
+        ``target`` above it). Where the guess says the keys equal to the gate are many (it is a
+        tied value), copy the keys above it and count those equal to it: that keeps the copy
+        small on tie-heavy rows (narrow rows, whose ties are few, copy them).
+        Warps run through it with no CTA barrier after tile 0 and stop once the copy overflows.
+        Returns (how many keys it copied, > CAP if it overflowed; the gate; how many equal to it
+        it counted, not copied). Leaves the ring overwritten."""
+        gate = Uint32(0)
+        counts_ties = Int32(0)  # 1: keys == gate are counted, not copied
         seen = Int32(0)
+        tied = Int32(0)  # this thread's keys == gate
         self.begin_pass(src, sm.ring, span, True, tid)
         for tile in range(span.tiles):
             if seen <= CAP:
                 self.next_tile(src, sm.ring, span, tile, True, regs, tid)
                 if (tile == 0) & (span.hi - span.lo > CAP):
-                    gate = self.guess_gate(regs, span, target, sm, tid)
-                seen = self.append_tile(regs, gate, tile, sm, tid)
+                    gate, counts_ties = self.guess_gate(regs, span, target, sm, tid)
+                seen = self.append_tile(regs, gate + Uint32(counts_ties), tile, sm, tid)
+                for i in cutlass.range_constexpr(PER):
+                    tied = tied + Int32(regs.keys[i] == gate)
+        tied = cute.arch.warp_redux_sync(tied, "add")
+        if (tid % 32 == 0) & (counts_ties != 0):
+            cute.arch.atomic_add(sm.claimed.iterator + 1, tied)
         cute.arch.cp_async_wait_group(0)  # nothing left in flight into the ring
         cute.arch.sync_threads()
         copied = sm.claimed[0]
         if copied <= CAP:
             self.in_index_order(span.tiles, sm, copied, tid)
-        return copied, gate
+        return copied, gate, sm.claimed[1]
 
     @cute.jit
     def digits_from_copy(self, first: cutlass.Constexpr[int], sm: Scratch, kept: Int32, t: Uint32, need: Int32,
-                         above_part: Int32, tid: Int32, src=None, span=None, refetch=None, regs=None, bucket=None):
+                         above_part: Int32, tid: Int32, src=None, span=None, refetch=None, regs=None, bucket=None,
+                         gate=None, at_gate=None):
         """Digits ``first``.. of t (with its digits above already in ``t``), counted from the copy,
-        which holds every key of the span >= t. From digit 1 (the two-pass path) the second
+        which holds every key of the span >= t. From digit 0 (the one-read path) the copy holds
+        the keys above ``gate`` and ``at_gate`` keys equal to it are counted as well. From digit 1 (the two-pass path) the second
         digit is already counted, and a span too tie-heavy to copy counts the third over the row,
         unless the keys of the first digit's bucket (``bucket`` of them in the cluster) all share
         their second digit and the pass over them found them one value (then that is t).
@@ -704,7 +733,7 @@ class RadixTopk:
         last = 1 if self.ord16 else 2
         if cutlass.const_expr(first == 0):
             for p in range(last + 1):
-                self.count_copied(sm, kept, t, p, tid)
+                self.count_copied(sm, kept, t, p, tid, gate, at_gate)
                 cute.arch.sync_threads()
                 digit, above, own = self.find_digit(sm, p * BINS, need, tid)
                 need = need - above
@@ -737,9 +766,10 @@ class RadixTopk:
         return t, need, mine_above, tied
 
     @cute.jit
-    def count_copied(self, sm: Scratch, kept: Int32, t: Uint32, p: Int32, tid: Int32):
+    def count_copied(self, sm: Scratch, kept: Int32, t: Uint32, p: Int32, tid: Int32, extra=None, extra_n=None):
         """Histogram digit p (0, 1, 2; not a constant) of the copied keys whose higher digits
-        equal t's. Copied keys are live."""
+        equal t's, and ``extra_n`` more keys equal to ``extra`` (keys counted, not copied).
+        Copied keys are live."""
         shift = digit_shift(p)
         mask = cutlass.select_(p == 2, Uint32((1 << DIGITS[2][1]) - 1), Uint32((1 << DIGITS[1][1]) - 1))
         above = Uint32(cutlass.select_(p == 1, Int32(DIGITS[0][0]), Int32(DIGITS[1][0])))  # higher digits', p >= 1
@@ -747,14 +777,19 @@ class RadixTopk:
             key = sm.buf_key[j]
             if (p == 0) | ((key >> above) == (t >> above)):
                 cute.arch.atomic_add(sm.hist.iterator + (p * BINS + Int32((key >> Uint32(shift)) & mask)), Int32(1))
+        if cutlass.const_expr(extra is not None):
+            if (tid == 0) & (extra_n > 0) & ((p == 0) | ((extra >> above) == (t >> above))):
+                cute.arch.atomic_add(sm.hist.iterator + (p * BINS + Int32((extra >> Uint32(shift)) & mask)), extra_n)
 
     @cute.jit
-    def guess_gate(self, regs: Regs, span: Span, target: Int32, sm: Scratch, tid: Int32) -> Uint32:
+    def guess_gate(self, regs: Regs, span: Span, target: Int32, sm: Scratch, tid: Int32):
         """A key g with about ``target`` of the span's keys at or above it, read off tile 0
         (``keys``): the first digit's histogram of the tile, then a straight line through the
         chosen bin; where that bin holds most of the tile (narrow or tie-heavy rows, where a line
         through it means nothing), the tile's exact key of that rank from two more local digits.
-        Only a guess: the one-read path checks it afterwards."""
+        Only a guess: the one-read path checks it afterwards. Returns (the gate, whether the
+        gated pass counts the keys equal to it instead of copying them: where the tile holds
+        many keys equal to an exact gate, as on rows of one or few values and ReLU zeros)."""
         hi, lo = span.hi, span.lo
         sample = min(hi, span.base + TILE) - lo
         r = Int32((Int64(target) * Int64(sample) + Int64(hi - lo - 1)) // Int64(hi - lo))
@@ -766,6 +801,7 @@ class RadixTopk:
         shift = DIGITS[0][0]  # a first-digit bin holds 2**shift keys
         inside = (in_bin - Int64(r - above)) * Int64(1 << shift) // in_bin
         gate = Uint32((Int64(d) << Int64(shift)) + inside)
+        counts_ties = Int32(0)
         if in_bin > 4 * Int64(r):  # histograms 1 and 0 are still zero (the gated pass runs first)
             g = Uint32(d) << Uint32(shift)
             need = r - above
@@ -778,7 +814,13 @@ class RadixTopk:
                 need = need - above
                 g = g | (Uint32(d) << Uint32(DIGITS[p][0]))
             gate = g
-        return gate
+            # The tile's keys == g (its last digit's bin), scaled to the span: where they would
+            # fill half the copy's room beyond the target (rows of one or few values, ReLU
+            # zeros), count them instead. Narrow rows have few keys a value: those are copied,
+            # so a CTA whose gate turns out to be t needs no second read for its ties.
+            ties_in_span = Int64(sm.hist[digit_of(g, 2)]) * Int64(hi - lo)
+            counts_ties = Int32(2 * ties_in_span > Int64(CAP - target) * Int64(sample))
+        return gate, counts_ties
 
     @cute.jit
     def wait_for_keys(self):
@@ -834,12 +876,14 @@ class RadixTopk:
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
         result = smem.allocate_tensor(Int32, cute.make_layout(2), 16)
         shared = smem.allocate_tensor(Int32, cute.make_layout(4), 16)  # read by the other CTAs
-        claimed = smem.allocate_tensor(Int32, cute.make_layout(1), 16)  # the gated pass's copy
+        claimed = smem.allocate_tensor(Int32, cute.make_layout(2), 16)  # the gated pass's copy
         segments = smem.allocate_tensor(Int32, cute.make_layout(MAX_TILES * WARPS), 16)
         buf_key = smem.allocate_tensor(Uint32, cute.make_layout(CAP), 16)  # the copy of step 1
         buf_id = smem.allocate_tensor(Int32, cute.make_layout(CAP), 16)
         ring = smem.allocate_tensor(self.source, cute.make_layout(STAGES * TILE), 16)  # tiles of the row
-        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2), 16)  # last: the arrays above keep their offsets
+        # Last: the arrays above keep their offsets (a shift of the ring by 16 bytes cost randn rows).
+        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2), 16)
+        gate_ties = smem.allocate_tensor(Int32, cute.make_layout(1), 16)  # keys == gate counted, read remotely
         sm = Scratch(hist, coarse, fine, counts, warp_sums, result, shared, claimed, bounds, segments, buf_key, buf_id,
                      ring)
         keys = cute.make_rmem_tensor(PER, Uint32)
@@ -894,10 +938,12 @@ class RadixTopk:
             zero_fill(hist, 3 * BINS, tid, THREADS)
             if tid == 0:
                 claimed[0] = Int32(0)
+                claimed[1] = Int32(0)
                 bounds[0] = Uint32(0xFFFFFFFF)
                 bounds[1] = Uint32(0)
             cute.arch.sync_threads()
             found = Int32(0)
+            above_only = Int32(0)  # the copy holds this CTA's keys > t alone (its keys == t are not in it)
             high_n = Int32(-1)  # the tie path's copy of the keys above the first digit's bucket, -1: none
             # One read of long spans: copy the keys above a guessed gate in the first pass and
             # select from the copies alone. Exact when every CTA's gate is <= t (then the copies
@@ -905,31 +951,37 @@ class RadixTopk:
             share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
             target = min(2 * share, Int32(CAP * 3 // 4))
             if (per_cta > ONE_READ_FROM) & (4 * target >= 5 * share):
-                kept, gate = self.gated_copy(src, sm, span, target, regs, tid)
+                kept, gate, at_gate = self.gated_copy(src, sm, span, target, regs, tid)
                 self.mark(marks, "gated pass + index order")
                 refetch = Boolean(True)
                 if tid == 0:
                     shared[2] = kept
                     shared[3] = Int32(gate)
+                    gate_ties[0] = at_gate
                 zero_fill(hist, 3 * BINS, tid, THREADS)
                 cluster_sync(self.ctas)
                 copied, gates = cute.make_rmem_tensor(self.ctas, Int32), cute.make_rmem_tensor(self.ctas, Uint32)
+                ties = cute.make_rmem_tensor(self.ctas, Int32)
                 for r in cutlass.range_constexpr(self.ctas):
                     copied[r] = load_rank(shared, Int32(2), r)
                     gates[r] = Uint32(load_rank(shared, Int32(3), r))
+                    ties[r] = load_rank(gate_ties, Int32(0), r)
                 total = Int32(0)
                 fits = Int32(1)
                 highest = gates[0]
                 for r in cutlass.range_constexpr(self.ctas):
-                    total = total + copied[r]
+                    total = total + copied[r] + ties[r]
                     fits = fits & Int32(copied[r] <= CAP)
                     # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
                     highest = cutlass.select_(gates[r] > highest, gates[r], highest)
                 self.mark(marks, "exchange")
                 if (total >= k_sel) & (fits == 1):
                     t, take, mine_above, mine_tied = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel, Int32(0),
-                                                                           tid)
+                                                                           tid, gate=gate, at_gate=at_gate)
                     found = Int32(t >= highest)
+                    # The copy lacks this CTA's keys == t when t is its gate and they were
+                    # counted: the output streams the span for them (until its share is out).
+                    above_only = Int32((t >= highest) & (t == gate) & (at_gate > 0))
                     self.mark(marks, "digits from the copies")
                 if found == 0:
                     cluster_sync(self.ctas)  # the others are done reading this CTA's histograms
@@ -1013,7 +1065,7 @@ class RadixTopk:
             # 3. The kept ids, in index order: from the copy when there is one, else from the row.
             written = out_base
             dest = Staging(buf_id, buf_key, out_base)  # a fused build's kept ids and keys (<= k)
-            if kept <= CAP:
+            if (kept <= CAP) & (above_only == 0):
                 for start in range(0, kept, TILE):
                     for i in cutlass.range_constexpr(PER):
                         j = start + warp * WARP_SPAN + i * 32 + lane
@@ -1026,10 +1078,17 @@ class RadixTopk:
                     eq_before = eq_before + tied
             else:
                 # Until this CTA's share is out: where ties at t fill it from the lowest ids
-                # (all-equal or few-valued rows) that is the first tiles, or none. When the high
-                # copy holds every key > t of the span, only until its ties are out (ranked, to
-                # count them), then the rest of the copy.
-                from_copy = Int32((high_n >= 0) & (high_n == mine_above))
+                # (all-equal or few-valued rows) that is the first tiles, or none. When a copy
+                # (the high copy, or the gated one without the keys at its gate) holds every key
+                # > t of the span, only until its ties are out (ranked, to count them), then the
+                # rest of the copy.
+                copy_at, copy_n = CAP - high_n, high_n
+                if above_only != 0:
+                    copy_at, copy_n = Int32(0), kept
+                    if cutlass.const_expr(self.fused):  # staged ids fill from 0: the copy moves clear
+                        self.to_end(sm, kept, tid)
+                        copy_at = CAP - kept
+                from_copy = Int32((above_only != 0) | ((high_n >= 0) & (high_n == mine_above)))
                 ranked = ranked | (from_copy != 0)
                 ties_from = min(eq_before, take)
                 ties_to = min(eq_before + mine_tied, take)
@@ -1044,7 +1103,7 @@ class RadixTopk:
                         eq_before = eq_before + tied
                 if from_copy != 0:
                     done = written - out_base - (min(eq_before, take) - ties_from)  # the copy's entries out
-                    self.copy_out(o, dest, sm, row, CAP - high_n, done, high_n, written, tid)
+                    self.copy_out(o, dest, sm, row, copy_at, done, copy_n, written, tid)
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 self.flush(o, src, dest, row, first, mine_taken, tid)
