@@ -17,6 +17,7 @@ spread between identical versions reached ~2% at 64 x 1M (session 8), more than 
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 
 import torch
