@@ -16,8 +16,8 @@ from torch_sparse_decode.ops.select_candidate_blocks import kernel as blocks
 
 TARGET = GPUTarget("cuda", 90, 32)
 
-BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", starts="*i32", windowed="i32", width="i32", keys="*i32",
-                  keys_stride="i64", keep_all="i32", BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr",
+BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", starts="*i32", width="i32", keys="*i32",
+                  keys_stride="i64", keep_all="i32", WINDOWED="constexpr", BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr",
                   EARLY="constexpr")
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
@@ -44,9 +44,11 @@ def main() -> int:
     for block in (1, 3, 8, 64, 100, 256):
         block_p2 = triton.next_power_of_2(block)
         for logits in ("*fp32", "*bf16", "*fp16"):
-            build(blocks._block_keys, dict(BLOCK_KEYS, logits=logits),
-                  dict(BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1), EARLY=True))
-            count += 1
+            for windowed in (False, True):
+                build(blocks._block_keys, dict(BLOCK_KEYS, logits=logits),
+                      dict(WINDOWED=windowed, BLOCK=block, BLOCK_P2=block_p2, BLOCKS=max(8192 // block_p2, 1),
+                           EARLY=True))
+                count += 1
     for k, world_size in ((2048, 2), (2048, 16), (512, 4), (4096, 2)):
         n, slots = dcp_merge_local_topk(k, world_size), rescue_row_slots(k)
         for exchange in (False, True):

@@ -16,19 +16,21 @@ import triton.language as tl
 from ...kernels import topk_engine as engine
 
 
-@triton.jit(do_not_specialize=["windowed"])
-def _block_keys(logits, stride, ends, starts, windowed, width, keys, keys_stride, keep_all,
+@triton.jit
+def _block_keys(logits, stride, ends, starts, width, keys, keys_stride, keep_all, WINDOWED: tl.constexpr,
                 BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
     """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
     (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
-    written words. Blocks count from the row's window start (``starts[row]`` where ``windowed``,
-    else 0). EARLY: the engine (a programmatic dependent, waiting for this grid) may launch now."""
+    written words. Blocks count from the row's window start (``starts[row]`` where ``WINDOWED``,
+    else 0: a constant, so the loads of a row from column 0 stay 16-byte vectors). EARLY: the engine (a programmatic dependent, waiting for this grid) may launch now."""
     if EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     first = tl.program_id(1) * BLOCKS
     end = tl.minimum(tl.maximum(tl.load(ends + row), 0), width)
-    start = tl.where(windowed != 0, tl.minimum(tl.maximum(tl.load(starts + row), 0), end), 0)
+    start = 0
+    if WINDOWED:
+        start = tl.minimum(tl.maximum(tl.load(starts + row), 0), end)
     n_cols = end - start
     n_blocks = tl.cdiv(n_cols, BLOCK)
     if (first < n_blocks) & (n_blocks > keep_all):  # the engine keeps rows of <= keep_all blocks unread
@@ -64,9 +66,8 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
-            logits, logits.stride(0), lengths, lengths if starts is None else starts, int(starts is not None), width,
-            keys, keys.stride(0), keep_all,
-            BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
+            logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
+            keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
         )
     return keys
 
