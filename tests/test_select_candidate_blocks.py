@@ -123,30 +123,3 @@ def test_k1_is_the_newest_block_alone(device, block_size):
     got = check(x, ends, block_size, 1, device)
     assert got[:, 0].tolist() == [-1, 0, 0, 1, -(-5000 // block_size) - 1, -(-20000 // block_size) - 1, -1]
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_block_keys_read_rows_from_column_0_in_16_byte_vectors(monkeypatch, dtype):
-    """The block-key pass reads every logit once, so its load width is the op's time at long rows
-    (64 x 1M bs 64: 133 us with 4-byte loads, 66 with 16-byte ones). A window start known only at
-    run time hides the alignment from Triton: rows without ``row_starts`` must build without it."""
-    import re
-
-    from torch_sparse_decode.ops.select_candidate_blocks import kernel
-
-    real, launched = kernel._block_keys, []
-
-    class Spy:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.append(real[grid](*args, **kwargs))
-
-    monkeypatch.setattr(kernel, "_block_keys", Spy())
-    x = torch.randn(4, 1 << 16, device="cuda").to(dtype)
-    lengths = torch.full((4,), 1 << 16, dtype=torch.int32, device="cuda")
-    want = oracle.candidate_blocks(x.cpu(), lengths.cpu(), 64, 256)
-    out = poisoned((4, 256), torch.int32, "cuda")
-    tsd.select_candidate_blocks(x, lengths, 64, 256, out=out)
-    assert torch.equal(out.cpu(), want)
-    loads = set(re.findall(r"ld\.global[.\w]*", launched[0].asm["ptx"]))
-    assert any(".v4" in op or ".v2.b64" in op for op in loads), loads
