@@ -23,8 +23,8 @@ from torch_sparse_decode.ops.select_candidate_blocks import kernel as blocks
 TARGET = GPUTarget("cuda", 90, 32)
 
 BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", starts="*i32", width="i32", keys="*i32",
-                  keys_stride="i64", keep_all="i32", WINDOWED="constexpr", BLOCK="constexpr", BLOCK_P2="constexpr", BLOCKS="constexpr",
-                  EARLY="constexpr")
+                  keys_stride="i64", keep_all="i32", WINDOWED="constexpr", BLOCK="constexpr", BLOCK_P2="constexpr",
+                  BLOCKS="constexpr", EARLY="constexpr")
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
                  parity_packed="i64", parity_rescue="i64",

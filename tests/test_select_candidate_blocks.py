@@ -122,4 +122,3 @@ def test_k1_is_the_newest_block_alone(device, block_size):
     x = scores("random", (ends.numel(), 20000), seed=block_size)
     got = check(x, ends, block_size, 1, device)
     assert got[:, 0].tolist() == [-1, 0, 0, 1, -(-5000 // block_size) - 1, -(-20000 // block_size) - 1, -1]
-

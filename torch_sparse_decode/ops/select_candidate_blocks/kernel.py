@@ -69,7 +69,8 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     if rows and num_blocks:
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
-            keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program, EARLY=logits.is_cuda, num_warps=8,
+            keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program,
+            EARLY=logits.is_cuda, num_warps=8,
         )
     return keys
 
