@@ -3,11 +3,12 @@
 the median over rows and CTAs of each phase's cycles. Phases a shape does not take read 0. ncu
 has no counters on our machines; this is the profiler.
 
-    python benchmarks/profile_topk.py [--quick | --fused | --ties] [--results FILE]
+    python benchmarks/profile_topk.py [--quick | --fused | --ties [--width K]] [--results FILE]
 
 ``--fused``: plain ``indexer_topk`` rows beside the fused build with every output (KV slots
 through a page table of 64-token pages, raw ids, values), at 8x128K and 64x128K. ``--ties``:
-token rows at 8x128K and 64x128K in each of ``bench_topk_ties.py``'s distributions.
+token rows at 8x128K and 64x128K in each of ``bench_topk_ties.py``'s distributions (``--width 1024``:
+at 8x1M and 64x1M).
 
 Cycles, not microseconds (the SM clock ran at 1980 MHz under this load, by nvidia-smi). A second
 table reads the global timer each CTA stamps at its start and end: the kernel's span from the
@@ -67,6 +68,7 @@ def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--fused", action="store_true", help="plain beside fused (every output) rows at 128K")
     cli.add_argument("--ties", action="store_true", help="token rows at 128K in each tie-heavy distribution")
+    cli.add_argument("--width", type=int, default=128, help="--ties: the rows' width, in K columns")
     args = cli.parse_args()
     timing = "one eager call per shape (the third), after a 256 MiB write that clears L2"
     table = Table(f"Top-k engine phases, k = {K} (SM cycles per CTA, median over rows and CTAs)",
@@ -77,7 +79,7 @@ def main() -> None:
     if args.fused:
         shapes = [(what, rows, 128 << 10, 1, "randn") for rows in (8, 64) for what in ("tokens", "fused")]
     if args.ties:
-        shapes = [("tokens", rows, 128 << 10, 1, dist) for rows in (8, 64) for dist in DISTRIBUTIONS]
+        shapes = [("tokens", rows, args.width << 10, 1, dist) for rows in (8, 64) for dist in DISTRIBUTIONS]
     for what, rows, width, block_size, dist in shapes:
         ranks, cycles, timeline = phase_cycles(what, rows, width, block_size, dist)
         shape = f"{what} {rows}x{width >> 10}K" + (f" bs={block_size}" if what == "blocks" else "") + \
