@@ -725,10 +725,11 @@ class RadixTopk:
                          gate=None, at_gate=None):
         """Digits ``first``.. of t (with its digits above already in ``t``), counted from the copy,
         which holds every key of the span >= t. From digit 0 (the one-read path) the copy holds
-        the keys above ``gate`` and ``at_gate`` keys equal to it are counted as well. From digit 1 (the two-pass path) the second
-        digit is already counted, and a span too tie-heavy to copy counts the third over the row,
-        unless the keys of the first digit's bucket (``bucket`` of them in the cluster) all share
-        their second digit and the pass over them found them one value (then that is t).
+        the keys above ``gate`` and ``at_gate`` keys equal to it are counted as well. From digit
+        1 (the two-pass path) the second digit is already counted, and a span too tie-heavy to
+        copy counts the third over the row, unless the keys of the first digit's bucket
+        (``bucket`` of them in the cluster) all share their second digit and the pass over them
+        found them one value (then that is t).
         Returns (t, how many keys == t the best k_sel take, this CTA's keys > t, its keys == t)."""
         last = 1 if self.ord16 else 2
         if cutlass.const_expr(first == 0):
