@@ -97,19 +97,39 @@ def test_monotone_and_periodic_rows():
     assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x, lengths, 2048))
 
 
+def sample_chunks(width: int, ranks: int, dtype: torch.dtype, first_only: bool = False) -> torch.Tensor:
+    """The columns of the one-read path's second gate sample on full rows of an aligned tensor:
+    one 16-byte chunk a thread, spread evenly over each CTA's span (``first_only``: the first
+    column of each chunk inside the span)."""
+    vec = 16 // torch.empty(0, dtype=dtype).element_size()
+    span = -(-width // ranks)
+    cols = []
+    for r in range(ranks):
+        lo, hi = min(r * span, width), min((r + 1) * span, width)
+        for tid in range(topk.THREADS):
+            at = lo + tid * (hi - lo) // topk.THREADS
+            at -= at % vec
+            cols.append(torch.arange(max(at, lo), min(at + (1 if first_only else vec), hi)))
+    return torch.unique(torch.cat(cols))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_read_gates_that_fail(dtype):
     """Spans of > ONE_READ_FROM keys take the one-read path: each CTA copies its keys above a gate
-    guessed from its first tile. Rows built so that the guesses fail every way must fall back to
-    two passes and stay exact: a gate above the k-th key (a CTA's first tile far above the rest
-    of the row), a copy that overflows (rising rows, a first tile far below), too few copied
-    (falling rows); and rows where the guess holds (all keys equal: the gate is their value),
-    one with the whole top k in a window of a few warps' parts of one CTA's tiles (large parts
-    to put in index order)."""
+    guessed from its first tile; where that fails, the CTAs whose copies lack keys >= t copy
+    again with a gate from a sample of their span. Rows built so that the guesses fail every way
+    must stay exact. Tile 0's guess fails and the sample's holds: a gate above the k-th key (a
+    CTA's first tile far above the rest of the row), a copy that overflows (rising rows, a first
+    tile far below), too few copied (falling rows). Both fail (two passes): a rising row whose
+    sample sits far below (both copies overflow), a rising row whose first CTA's sample holds
+    keys far above (fewer than k: that CTA keeps its tile-0 copy, whose gate is above t). And
+    rows where tile 0's guess holds (all keys equal: the gate is their value), one with the whole
+    top k in a window of a few warps' parts of one CTA's tiles (large parts to put in index
+    order)."""
     width = 1 << 19
-    assert cluster_size(7, width) == 8 and width // 8 > topk.ONE_READ_FROM
+    assert cluster_size(5, width) == 8 and width // 8 > topk.ONE_READ_FROM  # calls of <= 5 rows
     span = width // 8
-    x = torch.randn(7, width, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(9, width, generator=torch.Generator().manual_seed(5))
     x[6, 200000:203000] += 20.0
     x[1, span:span + topk.TILE] += 100.0  # CTA 1's first tile holds the whole top k
     x[2] = torch.arange(width, dtype=torch.float32)
@@ -117,30 +137,45 @@ def test_one_read_gates_that_fail(dtype):
     x[4, ::span] = -1e30  # ... every CTA's first key sits far below
     x[4].view(8, span)[:, :topk.TILE] -= 50.0  # and so does its first tile
     x[5] = 0.5
+    x[7] = torch.arange(width, dtype=torch.float32)
+    x[7, sample_chunks(width, 8, dtype)] = -1e30
+    x[8] = torch.arange(width, dtype=torch.float32)
+    firsts = sample_chunks(width, 8, dtype, first_only=True)
+    x[8, firsts[firsts < span]] = 1e9 + torch.arange(int((firsts < span).sum()), dtype=torch.float32)
     x = x.to(dtype)
-    lengths = torch.full((7,), width, dtype=torch.int32)
-    assert torch.equal(run_tokens(x, lengths, 2048), oracle.topk_tokens(x.float(), lengths, 2048))
+    lengths = torch.full((9,), width, dtype=torch.int32)
+    assert torch.equal(run_tokens(x, lengths, 2048, 5), oracle.topk_tokens(x.float(), lengths, 2048))
 
 
-def test_one_read_path_taken_where_it_should_be():
+@pytest.mark.parametrize("rows", [4, 64])
+def test_one_read_path_taken_where_it_should_be(rows):
     """The profiled build's phase marks show the path each CTA took: a random long row is answered
-    from the copies (no first-digit pass over the row); a rising row overflows its copies and
-    takes the two passes. A fast path that silently stopped being taken would fail here."""
+    from the copies (no first-digit pass over the row) at the first attempt; rising and falling
+    rows fail it (tile 0 is not like the rest of the span) and are answered from the copies of
+    the second, sample-gated attempt; a rising row whose sample sits far below overflows both
+    and takes the two passes. A fast path that silently stopped being taken would fail here."""
     width, k = 1 << 19, 2048
-    ranks = cluster_size(2, width)
-    x = torch.randn(2, width, generator=torch.Generator().manual_seed(9))
+    ranks = cluster_size(rows, width)
+    assert width // ranks > topk.ONE_READ_FROM
+    x = torch.randn(rows, width, generator=torch.Generator().manual_seed(9))
     x[1] = torch.arange(width, dtype=torch.float32)
-    lengths = torch.full((2,), width, dtype=torch.int32)
-    out = poisoned((2, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
+    x[2] = -torch.arange(width, dtype=torch.float32)
+    x[3] = torch.arange(width, dtype=torch.float32)
+    x[3, sample_chunks(width, ranks, torch.float32)] = -1e30
+    lengths = torch.full((rows,), width, dtype=torch.int32)
+    out = poisoned((rows, k + 1 + ranks * topk.PROFILE_SLOTS), torch.int32, "cuda")
     n = lengths.cuda()
     none = torch.empty(0, 0, device="cuda")
     topk.compiled(torch.float32, False, ranks, profile=True)(x.cuda(), n, n, 0, width, 1, k, out, out, out, 0, none, 0)
-    ends = out[:, k + 1:].reshape(2, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu()
-    gated, from_copies, first_digit = (ends[..., topk.PHASES.index(name)] > 0 for name in
-                                       ("gated pass + index order", "digits from the copies", "first-digit pass"))
+    ends = out[:, k + 1:].reshape(rows, ranks, topk.PROFILE_SLOTS)[..., :len(topk.PHASES)].cpu()
+    gated, failed, from_copies, first_digit = (
+        ends[..., topk.PHASES.index(name)] > 0
+        for name in ("gated pass + index order", "first attempt failed", "digits from the copies", "first-digit pass"))
     assert gated.all()
-    assert from_copies[0].all() and not first_digit[0].any()
-    assert not from_copies[1].any() and first_digit[1].all()
+    plain = [0] + list(range(4, rows))
+    assert from_copies[plain].all() and not failed[plain].any() and not first_digit[plain].any()
+    assert failed[1:3].all() and from_copies[1:3].all() and not first_digit[1:3].any()
+    assert failed[3].all() and first_digit[3].all()
     assert torch.equal(out[:, :k].cpu(), oracle.topk_tokens(x, lengths, k))
 
 
@@ -308,12 +343,16 @@ def test_tie_path_copy_at_capacity(width, case):
 
 
 def spiked(x: torch.Tensor, ranks: int, count: int = 300) -> torch.Tensor:
-    """``x`` with ``count`` keys in [10, 11) at the start of every CTA's span (fewer than k in
-    all): each CTA's tile 0 then guesses a gate among them, far above t, so the one-read path
-    copies too few keys and fails."""
+    """``x`` with ``count`` keys in [10, 11) at the start of every CTA's span and one at the
+    first column of each chunk of the second attempt's sample (fewer than k in all): tile 0 and
+    the sample then both guess a gate among them, far above t, so both attempts of the one-read
+    path copy too few keys and fail."""
     span = x.shape[1] // ranks
     for r in range(ranks):
         x[:, r * span:r * span + count] = 10 + torch.rand(x.shape[0], count, generator=torch.Generator().manual_seed(r))
+    cols = sample_chunks(x.shape[1], ranks, x.dtype, first_only=True)
+    x[:, cols] = 10 + torch.rand(x.shape[0], cols.numel(), generator=torch.Generator().manual_seed(ranks))
+    assert ranks * count + cols.numel() < 2048
     return x
 
 
@@ -322,8 +361,8 @@ def test_tie_path_shortcuts_taken():
     One-read path: rows of one value, zeros with scattered positives (ReLU) and 1 + 1e-6 randn
     rows are answered from the copies (no first-digit pass; the keys equal to the gate are
     counted, not copied), and the CTA that takes no ties writes from its copy alone (its output
-    phase is a fraction of the gated pass). Where the one-read path fails (a first tile of
-    large keys, ``spiked``): rows of one value are settled after their second digit (the phase
+    phase is a fraction of the gated pass). Where the one-read path fails (a first tile and a
+    sample of large keys, ``spiked``): rows of one value are settled after their second digit (the phase
     after the second digit's pass is a fraction of that pass: no third pass over the row), and ReLU
     rows write their positives from the copy made in the second digit's pass (no output pass).
     Shortcuts that silently stopped would fail here."""

@@ -82,8 +82,8 @@ ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES
 SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16, torch.int32: Int32}
 # Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
 # cycles since the kernel began (0 for a phase the row did not take).
-PHASES = ("gated pass + index order", "exchange", "digits from the copies", "first-digit pass", "digit 0",
-          "copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
+PHASES = ("first attempt failed", "gated pass + index order", "exchange", "digits from the copies",
+          "first-digit pass", "digit 0", "copy pass", "digits 1-2", "offsets", "output", "padding + last barrier")
 # Per CTA, after its phases: the global timer (ns, low 32 bits) at its start and its end, to see
 # when CTAs run relative to each other (SM clocks are not synchronized across SMs).
 PROFILE_SLOTS = len(PHASES) + 2
@@ -666,11 +666,7 @@ class RadixTopk:
             at = e + segments[Int32(tagged >> Uint32(ID_BITS))]
             staged[at] = Int32(buf_key[e])
             staged[CAP + at] = Int32(tagged & Uint32((1 << ID_BITS) - 1))
-        cute.arch.sync_threads()
-        for e in range(tid, copied, THREADS):
-            buf_key[to + e] = Uint32(staged[e])
-            buf_id[to + e] = staged[CAP + e]
-        cute.arch.sync_threads()
+        self.unstage(sm, copied, to, tid)
 
     @cute.jit
     def to_end(self, sm: Scratch, n: Int32, tid: Int32):
@@ -680,17 +676,26 @@ class RadixTopk:
         for e in range(tid, n, THREADS):
             staged[e] = Int32(sm.buf_key[e])
             staged[CAP + e] = sm.buf_id[e]
+        self.unstage(sm, n, CAP - n, tid)
+
+    @cute.jit
+    def unstage(self, sm: Scratch, n: Int32, to: Int32, tid: Int32):
+        """buf[to, to + n) from the n entries staged in the ring (keys from 0, ids from CAP),
+        between CTA barriers."""
+        staged = cute.recast_tensor(sm.ring, Int32)
         cute.arch.sync_threads()
         for e in range(tid, n, THREADS):
-            sm.buf_key[CAP - n + e] = Uint32(staged[e])
-            sm.buf_id[CAP - n + e] = staged[CAP + e]
+            sm.buf_key[to + e] = Uint32(staged[e])
+            sm.buf_id[to + e] = staged[CAP + e]
         cute.arch.sync_threads()
 
     @cute.jit
-    def gated_copy(self, src: cute.Tensor, sm: Scratch, span: Span, target: Int32, regs: Regs, tid: Int32):
+    def gated_copy(self, src: cute.Tensor, sm: Scratch, span: Span, target: Int32, sampled: cutlass.Constexpr[bool],
+                   regs: Regs, tid: Int32):
         """The one-read path's pass: copy the span's keys >= a gate, in index order (every key
-        when the span fits the copy, gate 0; else a gate guessed from tile 0 to leave about
-        ``target`` above it). Where the guess says the keys equal to the gate are many (it is a
+        when the span fits the copy, gate 0; else a gate guessed to leave about ``target`` above
+        it, from tile 0, or with ``sampled`` from a sample of the whole span). Where the guess
+        says the keys equal to the gate are many (it is a
         tied value), copy the keys above it and count those equal to it: that keeps the copy
         small on tie-heavy rows (narrow rows, whose ties are few, copy them).
         Warps run through it with no CTA barrier after tile 0 and stop once the copy overflows.
@@ -700,12 +705,20 @@ class RadixTopk:
         counts_ties = Int32(0)  # 1: keys == gate are counted, not copied
         seen = Int32(0)
         tied = Int32(0)  # this thread's keys == gate
+        guessed = span.hi - span.lo > CAP
+        if cutlass.const_expr(sampled):
+            if guessed:  # before the pass: the tile loop stays as it was
+                self.fetch_sample(src, sm, span, tid)
+                cute.arch.cp_async_wait_group(0)
+                self.sample_keys(sm, span, regs, tid)
+                gate, counts_ties = self.guess_gate(regs, span, target, True, sm, tid)
         self.begin_pass(src, sm.ring, span, True, tid)
         for tile in range(span.tiles):
             if seen <= CAP:
                 self.next_tile(src, sm.ring, span, tile, True, regs, tid)
-                if (tile == 0) & (span.hi - span.lo > CAP):
-                    gate, counts_ties = self.guess_gate(regs, span, target, sm, tid)
+                if cutlass.const_expr(not sampled):
+                    if (tile == 0) & guessed:
+                        gate, counts_ties = self.guess_gate(regs, span, target, False, sm, tid)
                 seen = self.append_tile(regs, gate + Uint32(counts_ties), tile, sm, tid)
                 for i in cutlass.range_constexpr(PER):
                     tied = tied + Int32(regs.keys[i] == gate)
@@ -783,16 +796,52 @@ class RadixTopk:
                 cute.arch.atomic_add(sm.hist.iterator + (p * BINS + Int32((extra >> Uint32(shift)) & mask)), extra_n)
 
     @cute.jit
-    def guess_gate(self, regs: Regs, span: Span, target: Int32, sm: Scratch, tid: Int32):
-        """A key g with about ``target`` of the span's keys at or above it, read off tile 0
-        (``keys``): the first digit's histogram of the tile, then a straight line through the
-        chosen bin; where that bin holds most of the tile (narrow or tie-heavy rows, where a line
-        through it means nothing), the tile's exact key of that rank from two more local digits.
+    def sample_at(self, span: Span, tid: Int32) -> Int32:
+        """Where thread tid's chunk of the gate's sample starts: tid / THREADS of the way through
+        the span, rounded down to 16 bytes in memory as the tiles are (``base`` is aligned)."""
+        vec = 16 // (self.source.width // 8)
+        p = span.lo + Int32(Int64(tid) * Int64(span.hi - span.lo) // Int64(THREADS))
+        return p - (p - span.base) % vec
+
+    @cute.jit
+    def fetch_sample(self, src: cute.Tensor, sm: Scratch, span: Span, tid: Int32):
+        """Start copying the gate's sample, one 16-byte chunk a thread spread evenly over the span,
+        into ``buf_id`` (free until the gated pass copies)."""
+        size = self.source.width // 8
+        at = self.sample_at(span, tid)
+        chunk = Int64((src.iterator + (span.row_off + Int64(at))).toint())
+        copy_async16(Int32((sm.buf_id.iterator + tid * 4).toint()), chunk, min(span.hi - at, Int32(16 // size)) * size)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def sample_keys(self, sm: Scratch, span: Span, regs: Regs, tid: Int32):
+        """The sample's keys (``fetch_sample``, complete) in this thread's first slots of ``keys``,
+        0 (no key) in the rest and outside [lo, hi)."""
+        vec = 16 // (self.source.width // 8)
+        at = self.sample_at(span, tid)
+        raw = cute.recast_tensor(sm.buf_id, self.source)
+        for i in cutlass.range_constexpr(PER):
+            if cutlass.const_expr(i < vec):
+                inside = (at + i >= span.lo) & (at + i < span.hi)
+                regs.keys[i] = Uint32(cutlass.select_(inside, self.key_of(raw[tid * vec + i]), Uint32(0)))
+            else:
+                regs.keys[i] = Uint32(0)
+
+    @cute.jit
+    def guess_gate(self, regs: Regs, span: Span, target: Int32, sampled: cutlass.Constexpr[bool], sm: Scratch,
+                   tid: Int32):
+        """A key g with about ``target`` of the span's keys at or above it, read off tile 0 or,
+        with ``sampled``, the sample (``keys``): the first digit's histogram of those keys, then a
+        straight line through the chosen bin; where that bin holds most of them (narrow or
+        tie-heavy rows, where a line through it means nothing), their exact key of that rank
+        from two more local digits.
         Only a guess: the one-read path checks it afterwards. Returns (the gate, whether the
         gated pass counts the keys equal to it instead of copying them: where the tile holds
         many keys equal to an exact gate, as on rows of one or few values and ReLU zeros)."""
         hi, lo = span.hi, span.lo
         sample = min(hi, span.base + TILE) - lo
+        if cutlass.const_expr(sampled):
+            sample = Int32(THREADS * (16 // (self.source.width // 8)))
         r = Int32((Int64(target) * Int64(sample) + Int64(hi - lo - 1)) // Int64(hi - lo))
         for i in cutlass.range_constexpr(PER):
             cute.arch.atomic_add(sm.hist.iterator + (2 * BINS + digit_of(regs.keys[i], 0)), Int32(1))
@@ -952,42 +1001,67 @@ class RadixTopk:
             share = Int32((Int64(k_sel) * Int64(per_cta) + Int64(n - 1)) // Int64(n))
             target = min(2 * share, Int32(CAP * 3 // 4))
             if (per_cta > ONE_READ_FROM) & (4 * target >= 5 * share):
-                kept, gate, at_gate = self.gated_copy(src, sm, span, target, regs, tid)
-                self.mark(marks, "gated pass + index order")
-                refetch = Boolean(True)
-                if tid == 0:
-                    shared[2] = kept
-                    shared[3] = Int32(gate)
-                    gate_ties[0] = at_gate
-                zero_fill(hist, 3 * BINS, tid, THREADS)
-                cluster_sync(self.ctas)
+                # Where that fails, a second attempt before the two passes: each CTA whose copy
+                # lacks some of its keys >= t (it overflowed, its gate is above t, or the copies
+                # held fewer than k_sel) copies again, its gate guessed from a sample of its whole
+                # span for up to CAP * 3 / 4 keys. Rising, falling and trending rows, whose first
+                # tiles are not like the rest, pay it; rows that the first attempt answers do not.
+                gate, at_gate = Uint32(0), Int32(0)
+                redo = Int32(1)
+                again = Int32(1)
                 copied, gates = cute.make_rmem_tensor(self.ctas, Int32), cute.make_rmem_tensor(self.ctas, Uint32)
                 ties = cute.make_rmem_tensor(self.ctas, Int32)
-                for r in cutlass.range_constexpr(self.ctas):
-                    copied[r] = load_rank(shared, Int32(2), r)
-                    gates[r] = Uint32(load_rank(shared, Int32(3), r))
-                    ties[r] = load_rank(gate_ties, Int32(0), r)
-                total = Int32(0)
-                fits = Int32(1)
-                highest = gates[0]
-                for r in cutlass.range_constexpr(self.ctas):
-                    total = total + copied[r] + ties[r]
-                    fits = fits & Int32(copied[r] <= CAP)
-                    # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
-                    highest = cutlass.select_(gates[r] > highest, gates[r], highest)
-                self.mark(marks, "exchange")
-                if (total >= k_sel) & (fits == 1):
-                    t, take, mine_above, mine_tied = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel, Int32(0),
-                                                                           tid, gate=gate, at_gate=at_gate)
-                    found = Int32(t >= highest)
-                    # The copy lacks this CTA's keys == t when t is its gate and they were
-                    # counted: the output streams the span for them (until its share is out).
-                    above_only = Int32((t >= highest) & (t == gate) & (at_gate > 0))
-                    self.mark(marks, "digits from the copies")
-                if found == 0:
-                    cluster_sync(self.ctas)  # the others are done reading this CTA's histograms
-                    zero_fill(hist, 3 * BINS, tid, THREADS)
-                    cute.arch.sync_threads()
+                # Unrolled: as a runtime loop the first attempt's pass ran slower (64x1M rows whose
+                # ties at the gate are counted: 96 us against 82).
+                for attempt in cutlass.range_constexpr(2):
+                    if again != 0:
+                        if redo != 0:
+                            kept, gate, at_gate = self.gated_copy(src, sm, span,
+                                                                  target if attempt == 0 else Int32(CAP * 3 // 4),
+                                                                  attempt == 1, regs, tid)
+                            if tid == 0:
+                                shared[2] = kept
+                                shared[3] = Int32(gate)
+                                gate_ties[0] = at_gate
+                        self.mark(marks, "gated pass + index order")
+                        zero_fill(hist, 3 * BINS, tid, THREADS)
+                        cluster_sync(self.ctas)
+                        for r in cutlass.range_constexpr(self.ctas):
+                            copied[r] = load_rank(shared, Int32(2), r)
+                            gates[r] = Uint32(load_rank(shared, Int32(3), r))
+                            ties[r] = load_rank(gate_ties, Int32(0), r)
+                        total = Int32(0)
+                        fits = Int32(1)
+                        highest = gates[0]
+                        for r in cutlass.range_constexpr(self.ctas):
+                            total = total + copied[r] + ties[r]
+                            fits = fits & Int32(copied[r] <= CAP)
+                            # Not max(): the DSL's max of a constant Uint32 and a key compares signed.
+                            highest = cutlass.select_(gates[r] > highest, gates[r], highest)
+                        self.mark(marks, "exchange")
+                        if (total >= k_sel) & (fits == 1):
+                            t, take, mine_above, mine_tied = self.digits_from_copy(0, sm, kept, Uint32(0), k_sel,
+                                                                                   Int32(0), tid, gate=gate,
+                                                                                   at_gate=at_gate)
+                            found = Int32(t >= highest)
+                            # The copy lacks this CTA's keys == t when t is its gate and they were
+                            # counted: the output streams the span for them (until its share is out).
+                            above_only = Int32((t >= highest) & (t == gate) & (at_gate > 0))
+                            self.mark(marks, "digits from the copies")
+                        if found == 0:
+                            cluster_sync(self.ctas)  # the others are done reading this CTA's words
+                            zero_fill(hist, 3 * BINS, tid, THREADS)
+                            if tid == 0:
+                                claimed[0] = Int32(0)
+                                claimed[1] = Int32(0)
+                            cute.arch.sync_threads()
+                            if cutlass.const_expr(attempt == 0):
+                                self.mark(marks, "first attempt failed")
+                        # t is 0 unless the digits ran (fits): then every CTA but the overflowed ones
+                        # keeps its copy.
+                        redo = Int32((kept > CAP) | ((fits == 1) & ((total < k_sel) | (gate > t))))
+                        again = Int32(found == 0) if attempt == 0 else Int32(0)
+                refetch = Boolean(True)
             if found == 0:
                 # Two passes: histogram the first digit over the span; then a CTA whose keys at or
                 # above t's bucket fit in shared memory copies them there (in index order),
