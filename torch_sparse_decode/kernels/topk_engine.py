@@ -25,7 +25,10 @@ The engine (``RadixTopk``, CuTe DSL) writes the ids of the best ``k_sel`` of eac
   line through the bin: on rows of one or few values and ReLU zeros that is the tied value, so
   the copy stays small and a CTA whose gate is t streams its span again only until its share
   of the ties (the lowest ids) is out. The answer is exact when every CTA's gate is <= t, which
-  is checked; otherwise (and for shorter spans) two passes: after the first digit a CTA whose
+  is checked. Where it fails (rising, falling or trending rows, whose first tile is not like the
+  rest), the CTAs whose copies lack keys >= t copy again with a gate guessed from a sample of
+  their whole span, checked the same way; if that fails too (and for shorter spans), two
+  passes: after the first digit a CTA whose
   keys at or above t's bucket fit in shared memory copies them there in index order (one CTA
   barrier per tile); tie-heavy spans, whose bucket holds most of the span, pass over it once
   per digit instead (still exact), copying the keys above the bucket on the way. The second
