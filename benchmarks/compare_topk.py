@@ -4,7 +4,11 @@ clocks and inputs as what it replaces. A copy must come from a commit with this 
 relative imports resolve in this checkout's ``kernels`` package).
 
     git show REV:torch_sparse_decode/kernels/topk_engine.py > /tmp/topk_REV.py
-    python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick] [--rounds R] [--results FILE]
+    python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick | --shapes S [S ...]]
+        [--rounds R] [--results FILE]
+
+``--shapes``: other shapes than SHAPES, each WHAT:ROWSxWIDTH[:BLOCK] with WHAT tokens, blocks or
+ord16 and the width in K columns, e.g. ``blocks:64x1024:64 tokens:8x128``.
 
 Every version runs every shape on the same inputs; a version whose ids differ from this
 checkout's on a shape is marked there (the GPU tests are what prove exactness). The disk cache of
@@ -32,6 +36,15 @@ SHAPES = [  # (what, rows, width, block_size)
     ("blocks", 8, 128 << 10, 64), ("blocks", 64, 1 << 20, 8), ("ord16", 1, 64 << 10, 1), ("ord16", 32, 64 << 10, 1),
 ]
 QUICK = [SHAPES[0], SHAPES[3], SHAPES[6]]
+
+
+def shape_of(text: str) -> tuple[str, int, int, int]:
+    """A --shapes entry, WHAT:ROWSxWIDTH[:BLOCK] (width in K columns), as a SHAPES tuple."""
+    what, size, *block = text.split(":")
+    rows, width = (int(v) for v in size.lower().split("x"))
+    if what not in ("tokens", "blocks", "ord16") or len(block) > 1:
+        raise ValueError(f"--shapes: {text!r} is not WHAT:ROWSxWIDTH[:BLOCK] with WHAT tokens, blocks or ord16")
+    return what, rows, width << 10, int(block[0]) if block else (64 if what == "blocks" else 1)
 
 
 def load(path: str):
@@ -63,11 +76,12 @@ def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("versions", nargs="+", help="copies of kernels/topk_engine.py to time beside this checkout's")
     cli.add_argument("--rounds", type=int, default=1, help="turns each version takes per shape (median)")
+    cli.add_argument("--shapes", nargs="+", type=shape_of, help="WHAT:ROWSxWIDTH[:BLOCK], width in K columns")
     args = cli.parse_args()
     engines = {"this checkout": current} | {os.path.basename(p): load(p) for p in args.versions}
     table = Table(f"Top-k engine versions, k = {K} (us per call, engine called directly)",
                   ["shape", *engines, "ids differ from this checkout"])
-    for what, rows, width, block_size in QUICK if args.quick else SHAPES:
+    for what, rows, width, block_size in args.shapes or (QUICK if args.quick else SHAPES):
         def make(seed: int, rows=rows, width=width):
             gen = torch.Generator(device="cuda").manual_seed(seed)
             x = torch.randn(rows, width, device="cuda", generator=gen)

@@ -22,3 +22,15 @@ def test_benchmark_script_parses_its_arguments(script):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "--results" in done.stdout
+
+
+def test_compare_topk_shapes_parse():
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import compare_topk
+    finally:
+        sys.path.remove(BENCHMARKS)
+    assert compare_topk.shape_of("blocks:64x1024:8") == ("blocks", 64, 1 << 20, 8)
+    assert compare_topk.shape_of("tokens:8x128") == ("tokens", 8, 128 << 10, 1)
+    with pytest.raises(ValueError, match="--shapes"):
+        compare_topk.shape_of("block:8x128")
