@@ -698,9 +698,9 @@ class RadixTopk:
         """The one-read path's pass: copy the span's keys >= a gate, in index order (every key
         when the span fits the copy, gate 0; else a gate guessed to leave about ``target`` above
         it, from tile 0, or with ``sampled`` from a sample of the whole span). Where the guess
-        says the keys equal to the gate are many (it is a
-        tied value), copy the keys above it and count those equal to it: that keeps the copy
-        small on tie-heavy rows (narrow rows, whose ties are few, copy them).
+        says the keys equal to the gate are many (it is a tied value), copy the keys above it and
+        count those equal to it: that keeps the copy small on tie-heavy rows (narrow rows, whose
+        ties are few, copy them).
         Warps run through it with no CTA barrier after tile 0 and stop once the copy overflows.
         Returns (how many keys it copied, > CAP if it overflowed; the gate; how many equal to it
         it counted, not copied). Leaves the ring overwritten."""
@@ -1060,10 +1060,11 @@ class RadixTopk:
                             cute.arch.sync_threads()
                             if cutlass.const_expr(attempt == 0):
                                 self.mark(marks, "first attempt failed")
-                        # t is 0 unless the digits ran (fits): then every CTA but the overflowed ones
-                        # keeps its copy.
-                        redo = Int32((kept > CAP) | ((fits == 1) & ((total < k_sel) | (gate > t))))
-                        again = Int32(found == 0) if attempt == 0 else Int32(0)
+                        if cutlass.const_expr(attempt == 0):
+                            # t is 0 unless the digits ran (fits): then every CTA but the overflowed
+                            # ones keeps its copy.
+                            redo = Int32((kept > CAP) | ((fits == 1) & ((total < k_sel) | (gate > t))))
+                            again = Int32(found == 0)
                 refetch = Boolean(True)
             if found == 0:
                 # Two passes: histogram the first digit over the span; then a CTA whose keys at or
