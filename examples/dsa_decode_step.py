@@ -16,10 +16,12 @@ One step for a batch of requests, each with its own length in a paged cache:
    groups, 4 kept, top 8, scale 2.5).
 
 The step runs eager, under ``torch.compile(fullgraph=True)`` and, on a GPU, captured in a CUDA
-graph that is replayed with new inputs; every mode's output is checked against eager (slots and
-routing exactly, the routing as ``moe_route`` gives it on that mode's own router scores, whose
-sigmoid a compiled graph may round an ulp differently), and the time of one step in each mode is
-printed.
+graph that is replayed with new inputs; the time of one step in each mode is printed. On a GPU,
+eager runs the CUDA kernels and is checked against the reference (the same step on the CPU,
+where every op runs its pure-PyTorch implementation); on the CPU, eager *is* the reference. Every
+other mode is checked against eager: slots and routing exactly, the routing as ``moe_route``
+gives it on that mode's own router scores (whose sigmoid a compiled graph may round an ulp
+differently).
 """
 
 from __future__ import annotations
@@ -128,15 +130,20 @@ def timed(fn, *args, repeats: int = 20) -> float:
     return (time.perf_counter() - start) / repeats * 1e3
 
 
+def routing_differs(step: DecodeStep, weights, experts, router) -> list[str]:
+    """The routing outputs that differ from what ``step.route`` gives on these router scores."""
+    routed = step.route(router)
+    pairs = (("weights", weights, routed[0]), ("experts", experts, routed[1]))
+    return [name for name, got, want in pairs if not torch.equal(got, want)]
+
+
 def differs(step: DecodeStep, got, want) -> list[str]:
     """The outputs that differ. Slots exactly. The routing exactly too, as ``moe_route`` gives it
     on the mode's own router scores; those and the attention output to fp32 rounding: a compiled
     graph computes the softmax and the router's sigmoid in its own kernels, which may round an
     ulp differently."""
     attention, slots, weights, experts, router = got
-    bad = [] if torch.equal(slots, want[1]) else ["slots"]
-    routed = step.route(router)
-    bad += [n for n, g, w in (("weights", weights, routed[0]), ("experts", experts, routed[1])) if not torch.equal(g, w)]
+    bad = ([] if torch.equal(slots, want[1]) else ["slots"]) + routing_differs(step, weights, experts, router)
     if not torch.equal(experts, want[3]):
         bad.append("experts (vs eager)")
     for name, g, w, tol in (("attention", attention, want[0], 1e-6), ("router scores", router, want[4], 0.0),
@@ -146,13 +153,32 @@ def differs(step: DecodeStep, got, want) -> list[str]:
     return bad
 
 
+def differs_from_reference(cfg: Config, got, inputs) -> list[str]:
+    """The outputs of a step on the GPU that differ from the reference's: the same step on CPU
+    copies, where every op runs its reference. Slots exactly, the routing exactly as the
+    reference routes the GPU's router scores, the attention to fp32 rounding."""
+    cpu = torch.device("cpu")
+    reference = DecodeStep(cfg, *make_cache(cfg, cpu), cpu)
+    attention, slots, weights, experts, router = (t.cpu() for t in got)
+    want = reference(*(t.cpu() for t in inputs))
+    bad = ([] if torch.equal(slots, want[1]) else ["slots"]) + routing_differs(reference, weights, experts, router)
+    if not torch.allclose(attention, want[0], rtol=1e-4, atol=1e-5):
+        bad.append(f"attention (max error {(attention - want[0]).abs().max().item():.2e})")
+    return bad
+
+
 def run(cfg: Config, device: torch.device, modes=("eager", "compiled", "graph"), steps: int = 3) -> dict:
-    """Each mode on ``steps`` fresh input sets, checked against eager; returns ms per step."""
+    """Each mode on ``steps`` fresh input sets, checked (eager on a GPU against the reference, the
+    other modes against eager); returns ms per step."""
     step = DecodeStep(cfg, *make_cache(cfg, device), device)
     inputs = [make_step_inputs(cfg, device, seed) for seed in range(steps)]
-    want = [step(*x) for x in inputs]
     if device.type == "cuda":
         tsd.warmup(device)
+    want = [step(*x) for x in inputs]
+    if device.type == "cuda":
+        for x, w in zip(inputs, want):
+            bad = differs_from_reference(cfg, w, x)
+            assert not bad, f"the CUDA kernels' step differs from the reference's: {bad}"
     times = {"eager": timed(step, *inputs[0])}
     if "compiled" in modes:
         compiled = torch.compile(step, fullgraph=True)
@@ -191,8 +217,12 @@ def main() -> None:
     device = torch.device(args.device)
     print(f"DSA decode step: {cfg.batch} requests, up to {cfg.context} cached tokens each, top {cfg.topk}, "
           f"on {device}")
+    start = time.perf_counter()
+    checked = {"eager": "the CUDA kernels, checked against the reference (the same step on the CPU)"
+               if device.type == "cuda" else "the reference: on the CPU every op runs its pure-PyTorch implementation"}
     for mode, ms in run(cfg, device).items():
-        print(f"  {mode:9s} {ms:8.3f} ms per step (output checked against eager)")
+        print(f"  {mode:9s} {ms:8.3f} ms per step ({checked.get(mode, 'output checked against eager')})")
+    print(f"done in {time.perf_counter() - start:.1f} s (warmup() and compiles included)")
 
 
 if __name__ == "__main__":

@@ -19,13 +19,16 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
-    # No kernel comes from an earlier run's disk cache (the cache's own tests point it at a folder
-    # of their own). On a GPU the run's processes (the pytest-xdist workers) share one fresh
-    # folder, so each configuration compiles about once per run rather than once per worker.
-    # Without a GPU nothing is cached.
+    # The kernels' disk cache (the cache's own tests point it at a folder of their own). On a GPU
+    # the run's processes (the pytest-xdist workers) share one folder, so each configuration
+    # compiles at most once per run rather than once per worker: $TORCH_SPARSE_DECODE_CACHE where
+    # it names one (kernels built ahead of time: docs/cold_start.md), else a fresh one. Without a
+    # GPU nothing is cached.
     worker = getattr(config, "workerinput", None)
     if worker is not None:
         os.environ["TORCH_SPARSE_DECODE_CACHE"] = worker.get("tsd_cache", "0")
+    elif torch.cuda.is_available() and os.environ.get("TORCH_SPARSE_DECODE_CACHE", "0") not in ("", "0"):
+        pass
     elif torch.cuda.is_available():
         import tempfile
 

@@ -19,6 +19,18 @@ def test_warmup_on_cuda():
     assert tsd.warmup() >= 1
 
 
+def test_after_warmup_the_examples_compile_nothing(monkeypatch):
+    """warmup() loads every configuration the ops take at the demo's shapes (its catalogs), so
+    no first call compiles (a compile inside a CUDA graph capture would fail)."""
+    import cutlass.cute as cute
+
+    from torch_sparse_decode.demo import run_examples
+
+    tsd.warmup()
+    monkeypatch.setattr(cute, "compile", lambda *a, **k: pytest.fail("an op compiled after warmup()"))
+    assert all(row["ok"] for row in run_examples(torch.device("cuda"), check=True))
+
+
 def test_moe_route_graph_replay():
     bias = torch.randn(896).cuda() * 0.1
 

@@ -1,7 +1,6 @@
 """Compile-only checks of the CuTe DSL kernels: they build from fake tensors without a GPU."""
 
 import functools
-import inspect
 import os
 import re
 import subprocess
@@ -36,18 +35,6 @@ def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, ke
                               source) is not None
     if source != torch.float32:
         assert moe_route.compiled(experts, topk, False, False, groups, kept, source, source, torch.float32) is not None
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 4, 8])
-@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16, torch.int32])
-def test_topk_engine_compiles(source, ranks):
-    """Every configuration of the CuTe top-k engine (the op's k and sizes are runtime values):
-    block keys with the pinned block, scores by their full bits, and scores by their bf16 ord16
-    (the DCP pack); and each with the fused outputs (KV slots, raw ids, values)."""
-    assert topk.compiled(source, source is torch.int32, ranks) is not None
-    assert topk.compiled(source, source is torch.int32, ranks, fused=True) is not None
-    if source in (torch.float32, torch.bfloat16):
-        assert topk.compiled(source, False, ranks, ord16=True) is not None
 
 
 def test_topk_engine_profile_build_compiles():
@@ -110,12 +97,28 @@ def test_the_disk_cache_is_off_at_0_and_survives_a_bad_file(tmp_path, monkeypatc
     monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
     built = []
     compiled = _small_route_kernel(built)
-    path, _ = helper._entry("cache_test", (16, 8), helper._origin_hash(compiled.__wrapped__))
+    path, _ = compiled.entry(compiled.config(16))
     path.write_bytes(b"not an object file")
     assert compiled(16) is not None and built == [16]  # compiled anew, and the file replaced
     helper.clear_memory()
     compiled(16)
     assert built == [16]
+
+
+def test_an_object_under_another_entrys_name_is_not_loaded(tmp_path, monkeypatch):
+    """A foreign object (another configuration's, copied or renamed to this entry's file) lacks
+    the entry's symbol: it is not loaded, the kernel compiles anew and replaces it."""
+    from torch_sparse_decode.kernels import compile as helper
+
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
+    built = []
+    compiled = _small_route_kernel(built)
+    compiled(16)
+    (theirs, _), (mine, _) = compiled.entry(compiled.config(16)), compiled.entry(compiled.config(32))
+    mine.write_bytes(theirs.read_bytes())
+    helper.clear_memory()
+    compiled(32)
+    assert built == [16, 32] and mine.read_bytes() != theirs.read_bytes()
 
 
 def test_a_kernel_built_outside_the_package_is_keyed_by_its_own_file(tmp_path, monkeypatch):
@@ -124,24 +127,22 @@ def test_a_kernel_built_outside_the_package_is_keyed_by_its_own_file(tmp_path, m
     import importlib.util
 
     from torch_sparse_decode.kernels import compile as helper
-    from torch_sparse_decode.kernels import topk_engine
 
     monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path / "cache"))
 
     def load(text: str, name: str):
         path = tmp_path / f"{name}.py"
         path.write_text(text)
-        spec = importlib.util.spec_from_file_location(name, path)
+        spec = importlib.util.spec_from_file_location(f"torch_sparse_decode.kernels.{name}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        return module.build
+        return helper.CachedKernel("topk_engine", module.build, lambda target: ())
 
-    first = load("def build(n):\n    return n\n", "copy_a")
-    edited = load("def build(n):\n    return n + 0\n", "copy_b")
-    inside = helper._origin_hash(inspect.unwrap(topk_engine.compiled))
-    assert inside == ""
-    keys = {helper._entry("engine", (1, 2), origin) for origin in
-            (inside, helper._origin_hash(first), helper._origin_hash(edited))}
+    first = load("from . import cute\ndef build(n):\n    return n\n", "copy_a")
+    edited = load("from . import cute\ndef build(n):\n    return n + 0\n", "copy_b")
+    copy = (tmp_path / "copy_a.py").resolve()
+    assert set(helper.source_files(first.build.__module__, copy)) == {copy, helper._PACKAGE / "kernels" / "cute.py"}
+    keys = {kernel.entry((1,)) for kernel in (first, edited, topk.compiled)}
     assert len(keys) == 3
 
 

@@ -76,14 +76,23 @@ def _run_every_op(device: torch.device) -> None:
 
 
 def warmup(device: torch.device | str | None = None) -> int:
-    """Compile and run every kernel once on ``device`` (default: the current CUDA device, else CPU).
+    """Load every kernel and run each op once on ``device`` (default: the current CUDA device,
+    else CPU). Returns the warm-up hooks run.
 
     Call it after model construction and before CUDA graph capture: compilation allocates, syncs
-    and loads modules, none of which may happen inside a capture. Returns the hooks run.
+    and loads modules, none of which may happen inside a capture. On a GPU it loads each CuTe DSL
+    kernel's catalog (``build_kernels``) from the disk cache ($TORCH_SPARSE_DECODE_CACHE, where a
+    serving image puts the kernels it built ahead of time) and compiles what is missing there
+    first, in parallel over the cores ($TORCH_SPARSE_DECODE_COMPILE_JOBS processes).
     """
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
+    if device.type == "cuda":
+        from .build_kernels import warm_catalogs
+
+        with torch.cuda.device(device):
+            warm_catalogs(device)
     count = run_warmups(device)
     if device.type == "cuda":
         torch.cuda.synchronize(device)

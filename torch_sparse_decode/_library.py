@@ -58,12 +58,23 @@ def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]
     return wrap
 
 
-def _load(cuda: Callable[[], ModuleType]) -> ModuleType | None:
+_UNAVAILABLE: dict[str, str] = {}  # op -> why its CUDA kernel could not load (the reference serves it)
+
+
+def _load(cuda: Callable[[], ModuleType], name: str = "") -> ModuleType | None:
     try:
         return cuda()
     except ImportError as err:
         warnings.warn(f"torch_sparse_decode: a CUDA kernel is unavailable ({err}); using the reference on CUDA")
+        if name:
+            _UNAVAILABLE[name] = str(err)
         return None
+
+
+def unavailable_kernels() -> dict[str, str]:
+    """The ops whose CUDA kernel could not be loaded (so far), each with the reason: those serve
+    CUDA tensors by their reference."""
+    return dict(_UNAVAILABLE)
 
 
 def _lazy_kernel(name: str, cuda: Callable[[], ModuleType], reference: Callable[..., None]) -> Callable[..., None]:
@@ -72,7 +83,7 @@ def _lazy_kernel(name: str, cuda: Callable[[], ModuleType], reference: Callable[
     @functools.wraps(reference)
     def kernel(*args, **kwargs) -> None:
         if not resolved:
-            module = _load(cuda)
+            module = _load(cuda, name)
             resolved.append(getattr(module, name) if module else reference)
         # Kernels launch on the current device's current stream: make that the inputs' device.
         with torch.cuda.device(args[0].device):
@@ -82,8 +93,9 @@ def _lazy_kernel(name: str, cuda: Callable[[], ModuleType], reference: Callable[
 
 
 def _warm_kernels(cuda: Callable[[], ModuleType], device: torch.device) -> None:
-    """Compile a kernel module's common configurations (the rest compile on first call)."""
-    if device.type == "cuda" and (module := _load(cuda)) is not None:
+    """A kernel module's own warm-up, where it has one (``warm(device)``: Triton kernels at the
+    decode shapes, workspaces); the CuTe DSL kernels' catalogs load before the hooks run."""
+    if device.type == "cuda" and (module := _load(cuda)) is not None and hasattr(module, "warm"):
         module.warm(device)
 
 

@@ -26,6 +26,7 @@ class Example:
     shape: str
     run: Callable[[], object]  # the op on the example device
     expected: Callable[[], object]  # the reference on CPU copies
+    ops: tuple[str, ...] = ()  # the ops it runs, where not just ``name``
 
 
 def _on(device: torch.device, *tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -88,7 +89,8 @@ def _mtp_indexer_topk(device: torch.device) -> Example:
     x, n = _on(device, scores, seq_lens)
     return Example("indexer_topk (MTP rows)", "3x2 rows 8K fp16 k=512",
                    lambda: indexer_topk(x, decode_row_lengths(n, 2), 512),
-                   lambda: indexer_topk(scores, decode_row_lengths(seq_lens, 2), 512))
+                   lambda: indexer_topk(scores, decode_row_lengths(seq_lens, 2), 512),
+                   ("indexer_topk", "decode_row_lengths"))
 
 
 def _dcp_inputs(seed: int):
@@ -110,9 +112,8 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     def build(device: torch.device) -> Example:
         scores, lengths = _dcp_inputs(seed)
         s, n = _on(device, scores, lengths)
-        return Example(
-            name, "W=4 T=4 L=16K K=2048", lambda: path(s, n, 2048), lambda: other_path(scores, lengths, 2048)
-        )
+        return Example(name, "W=4 T=4 L=16K K=2048", lambda: path(s, n, 2048),
+                       lambda: other_path(scores, lengths, 2048), ("dcp_pack", "dcp_merge"))
 
     return build
 
@@ -134,7 +135,7 @@ def _dcp_step(device: torch.device) -> Example:
     group = _one_rank_group()
     return Example(
         "dcp_topk_merge (1 rank)", "T=4 L=16K K=2048", lambda: dcp.dcp_topk_merge(s, n, 2048, group)[0],
-        lambda: _dcp_generic(scores[:1], lengths[:1], 2048),
+        lambda: _dcp_generic(scores[:1], lengths[:1], 2048), ("dcp_topk_merge",),
     )
 
 
@@ -190,7 +191,8 @@ def _same(got: object, want: object) -> bool:
 
 
 def run_examples(device: torch.device, *, check: bool = False, repeats: int = 1) -> list[dict]:
-    """Run every example on ``device``; returns one row per op (name, shape, ms, ok)."""
+    """Run every example on ``device``; returns one row per example (name, the ops it ran, shape,
+    ms, ok: whether it matched the reference, None unchecked)."""
     rows = []
     for build in EXAMPLES:
         example = build(device)
@@ -204,5 +206,6 @@ def run_examples(device: torch.device, *, check: bool = False, repeats: int = 1)
             torch.cuda.synchronize(device)
         ms = (time.perf_counter() - start) * 1e3 / repeats
         ok = _same(got, example.expected()) if check else None
-        rows.append({"op": example.name, "shape": example.shape, "ms": ms, "ok": ok})
+        rows.append({"op": example.name, "ops": example.ops or (example.name,), "shape": example.shape, "ms": ms,
+                     "ok": ok})
     return rows

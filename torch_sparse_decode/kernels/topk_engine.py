@@ -1232,7 +1232,21 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-@cached_kernel("topk_engine")
+def catalog(target) -> list[tuple]:
+    """Every configuration the ops can take (k and the sizes are runtime values): block keys with
+    the pinned block, scores by their full bits and by their bf16 ord16 (the DCP pack), each
+    source with and without the fused outputs, at every cluster size."""
+    configs = []
+    for ctas in CLUSTER_SIZES:
+        for source in SOURCES:
+            configs.append((source, source is torch.int32, ctas))
+            configs.append((source, source is torch.int32, ctas, False, False, True))
+        for source in (torch.float32, torch.bfloat16):
+            configs.append((source, False, ctas, True))
+    return configs
+
+
+@cached_kernel("topk_engine", catalog)
 def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
              fused: bool = False):
     """The engine at one (source dtype, pinned, cluster size, ord16 keys, profile marks, fused
@@ -1284,13 +1298,3 @@ def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     """The DCP pack's local top-k: scores ranked by their bf16 ord16 (ties to the lower index),
     ids ascending, -1 padded."""
     select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, ord16=True)
-
-
-def warm() -> None:
-    """Compile every engine configuration."""
-    for ctas in CLUSTER_SIZES:
-        for source in SOURCES:
-            compiled(source, source is torch.int32, ctas)
-            compiled(source, source is torch.int32, ctas, fused=True)
-        for source in (torch.float32, torch.bfloat16):
-            compiled(source, False, ctas, ord16=True)

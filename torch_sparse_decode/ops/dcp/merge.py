@@ -599,7 +599,12 @@ class DcpMerge:
                     global_ids[row, self.K + phase] = Int32(marks[phase + 1] - marks[0])
 
 
-@cached_kernel("dcp_merge")
+def catalog(target) -> list[tuple]:
+    """The DSA decode's K = 2048 over a node's DCP groups (W = 2, 4, 8), simulated and in a step."""
+    return [(world_size, 2048, exchange) for world_size in (2, 4, 8) for exchange in (False, True)]
+
+
+@cached_kernel("dcp_merge", catalog)
 def compiled(world_size: int, topk: int, exchange: bool, profile: bool = False):
     """The merge at one (W, K, step or simulated, profile marks), from fake tensors (no GPU needed)."""
     rows = cute.sym_int()

@@ -11,7 +11,3 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
                  row_starts: torch.Tensor | None = None) -> None:
     """The CUDA kernel of ``sparse_decode::indexer_topk`` (arguments already checked)."""
     engine.select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, starts=row_starts)
-
-
-def warm(device: torch.device) -> None:
-    engine.warm()

@@ -3,8 +3,6 @@ writing the KV slots, the raw ids and the values as it writes the ids (no extra 
 
 from __future__ import annotations
 
-import torch
-
 from ...kernels import topk_engine as engine
 
 
@@ -12,7 +10,3 @@ def indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, page_si
     """The CUDA kernel of ``sparse_decode::indexer_topk_fused`` (arguments already checked)."""
     engine.select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, starts=row_starts, table=page_table,
                   page=page_size, raw=ids, values=values)
-
-
-def warm(device: torch.device) -> None:
-    engine.warm()

@@ -30,7 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
+from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import copy_async16, load_global16, load_shared16
 from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
 
@@ -256,7 +256,20 @@ class GateFront(MoeRoute):
         self.mark(state, "end", cta, tid)
 
 
-@cached_kernel("moe_gate_route")
+def catalog(target: Target) -> list[tuple]:
+    """The front of each model we serve whose weight rows fit a launch's shared memory, at every
+    chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs."""
+    configs = []
+    for model in target.models:
+        ctas = ctas_for(model.experts, target.sms)
+        groups, kept = (model.groups, model.topk_group) if model.groups > 1 else (1, 1)
+        if fits(model.experts, model.hidden, ctas, CHUNK):  # as the op asks (moe_gate_route's uses_front)
+            for chunk in sorted({chunk_for(tokens) for tokens in range(1, MAX_TOKENS + 1)}):
+                configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk))
+    return configs
+
+
+@cached_kernel("moe_gate_route", catalog)
 def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
              chunk: int, profile: bool = False):
     """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
@@ -289,6 +302,12 @@ def smem_bytes(experts: int, width: int, ctas: int, chunk: int) -> int:
     """Shared memory of a launch: the CTA's weight rows, the warps' partial sums, the routing."""
     rows = -(-experts // ctas)
     return rows * width * 2 + WARPS * rows * chunk * 4 + ROUTING_SMEM
+
+
+def fits(experts: int, width: int, ctas: int, chunk: int) -> bool:
+    """Whether a launch can take the batch's shapes: rows read as 16-byte vectors, at most
+    MAX_WIDTH wide, and the CTA's weight rows in shared memory."""
+    return width % 8 == 0 and width <= MAX_WIDTH and smem_bytes(experts, width, ctas, chunk) <= SMEM_LIMIT
 
 
 def ctas_for(experts: int, sms: int) -> int:

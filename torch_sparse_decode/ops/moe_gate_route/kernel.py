@@ -20,6 +20,7 @@ import contextlib
 
 import torch
 
+from ...kernels.compile import MODELS
 from ...kernels.topk_engine import sm_count
 from ..moe_route import kernel as route
 from . import front
@@ -58,9 +59,7 @@ def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:
     it can read as 16-byte vectors, and the CTA's weight rows in shared memory (host metadata)."""
     (tokens, width), experts = hidden.shape, gate_weight.shape[0]
     ctas = front.ctas_for(experts, sm_count(hidden.device))
-    return (0 < tokens <= min(FRONT_TOKENS, front.MAX_TOKENS, ctas)
-            and width % 8 == 0 and width <= front.MAX_WIDTH
-            and front.smem_bytes(experts, width, ctas, front.CHUNK) <= front.SMEM_LIMIT
+    return (0 < tokens <= min(FRONT_TOKENS, front.MAX_TOKENS, ctas) and front.fits(experts, width, ctas, front.CHUNK)
             and hidden.data_ptr() % 16 == 0 and gate_weight.data_ptr() % 16 == 0)
 
 
@@ -96,15 +95,7 @@ def check(device: torch.device | None = None) -> None:
                                "waiting for its score records; its outputs were not valid")
 
 
-# The configurations warmup() compiles: Kimi K3 (896 experts, hidden 7168, top 16) and
-# DeepSeek-V3 (256 experts, 8 groups of which 4 kept, top 8); the routing of the larger batches too.
-WARM_CONFIGS = [(896, 7168, 16, True, 1, 1), (256, 7168, 8, True, 8, 4)]
-
-
 def warm(device: torch.device) -> None:
-    for experts, width, topk, renormalize, groups, kept in WARM_CONFIGS:
-        for chunk in (1, 2, 4):
-            front.compiled(experts, width, topk, renormalize, groups, kept, front.ctas_for(experts, sm_count(device)),
-                           chunk)
-        route.compiled(experts, topk, renormalize, True, groups, kept)
-        mailbox(device, experts)
+    """The front's mailbox of each model we serve (its kernels are in the catalogs)."""
+    for model in MODELS:
+        mailbox(device, model.experts)

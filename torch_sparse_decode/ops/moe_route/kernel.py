@@ -42,7 +42,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint32
 
-from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
+from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 
@@ -343,7 +343,19 @@ class MoeRoute:
                 weights[token, lane] = (weight * scale).to(weights.element_type)
 
 
-@cached_kernel("moe_route")
+def catalog(target: Target) -> list[tuple]:
+    """The routing of the models we serve (``Target.models``): scores after their sigmoid or
+    router logits (``apply_sigmoid``), in fp32 or bf16; fp32 bias and weights."""
+    configs = []
+    for model in target.models:
+        groups, kept = (model.groups, model.topk_group) if model.groups > 1 else (1, 1)
+        for source in (torch.float32, torch.bfloat16):
+            for apply_sigmoid in (False, True):
+                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source))
+    return configs
+
+
+@cached_kernel("moe_route", catalog)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
              weights_dtype: torch.dtype = torch.float32):
@@ -365,13 +377,3 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
              weights.dtype)(scores, bias, scale, weights, ids)
-
-
-# Configurations compiled by warmup(): the DeepSeek-V3 (grouped), Kimi-K2 and seed shapes.
-WARM_CONFIGS = [(896, 16, r, False, 1, 1) for r in (True, False)] + [(384, 8, r, False, 1, 1) for r in (True, False)] \
-    + [(256, 8, r, False, 1, 1) for r in (True, False)] + [(256, 8, True, False, 8, 4), (256, 8, True, True, 8, 4)]
-
-
-def warm(device: torch.device) -> None:
-    for config in WARM_CONFIGS:
-        compiled(*config)

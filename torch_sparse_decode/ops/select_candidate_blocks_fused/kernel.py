@@ -3,8 +3,6 @@ output stage mapping each block id through the block table as it writes it (no e
 
 from __future__ import annotations
 
-import torch
-
 from ...kernels import topk_engine as engine
 from ..select_candidate_blocks.kernel import block_keys
 
@@ -14,7 +12,3 @@ def select_candidate_blocks_fused(logits, lengths, block_size, k, out, ids, bloc
     keys = block_keys(logits, lengths, block_size, keep_all=k if k > 1 else 1 << engine.ID_BITS, starts=row_starts)
     engine.select(keys, lengths, logits.shape[1], block_size, k - 1, out, pinned=True, starts=row_starts,
                   table=block_table, page=1, raw=ids)
-
-
-def warm(device: torch.device) -> None:
-    engine.warm()
