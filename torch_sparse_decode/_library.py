@@ -186,6 +186,64 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
     return first, first + (sum(abs(r) for r in reach) + 1) * item
 
 
+_OVERLAP_VISITS = 1 << 14  # blocks _touches looks at before it calls a strange layout overlapping
+
+
+def _touches(t: torch.Tensor, lo: int, hi: int) -> bool:
+    """Whether an element of ``t`` occupies a byte of [lo, hi): exact, by walking ``t``'s
+    dimensions from the largest stride and skipping every block that lies wholly outside or
+    wholly inside the range (for a layout whose blocks do not interleave, at most two a
+    dimension). A layout that needs more than _OVERLAP_VISITS blocks counts as touching."""
+    item = t.element_size()
+    dims = sorted(((n, s * item) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0), key=lambda d: -d[1])
+    reach = [item] * (len(dims) + 1)  # reach[k]: bytes from a block's first element to its end, dims k..
+    for k in range(len(dims) - 1, -1, -1):
+        reach[k] = reach[k + 1] + (dims[k][0] - 1) * dims[k][1]
+    visits = 0
+
+    def block(offset: int, k: int) -> bool:
+        nonlocal visits
+        visits += 1
+        end = offset + reach[k]
+        if end <= lo or offset >= hi:
+            return False
+        if (lo <= offset and end <= hi) or k == len(dims) or visits > _OVERLAP_VISITS:
+            return True
+        n, stride = dims[k]
+        first = max(0, -(-(lo - offset - reach[k + 1] + 1) // stride))
+        last = min(n - 1, (hi - 1 - offset) // stride)
+        return any(block(offset + i * stride, k + 1) for i in range(first, last + 1))
+
+    return block(t.data_ptr(), 0)
+
+
+def _runs(t: torch.Tensor) -> list[tuple[int, int]] | None:
+    """The byte ranges of ``t``'s contiguous runs (its dense inner dimensions), or None when
+    there are more than _OVERLAP_VISITS of them."""
+    item = t.element_size()
+    dims = sorted(((n, s * item) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0), key=lambda d: -d[1])
+    run = item
+    while dims and dims[-1][1] == run:
+        run *= dims.pop()[0]
+    starts = [t.data_ptr()]
+    for n, stride in dims:
+        if len(starts) * n > _OVERLAP_VISITS:
+            return None
+        starts = [s + i * stride for s in starts for i in range(n)]
+    return [(s, s + run) for s in starts]
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` share a byte (exact; every output is contiguous, one run)."""
+    (a0, a1), (b0, b1) = _byte_span(a), _byte_span(b)
+    if a1 <= b0 or b1 <= a0:
+        return False
+    runs = _runs(a)
+    if runs is None:
+        runs, b = _runs(b), a
+    return True if runs is None else any(_touches(b, lo, hi) for lo, hi in runs)
+
+
 def check_output(t: torch.Tensor, name: str, dtype: torch.dtype, shape: Sequence[int], like: torch.Tensor,
                  like_name: str) -> torch.Tensor:
     """An output tensor of ``dtype`` and ``shape`` on ``like``'s device."""
@@ -209,19 +267,18 @@ def check_table(table: torch.Tensor, name: str, like: torch.Tensor, like_name: s
 
 
 def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]) -> None:
-    """No output shares memory with another output or with an input (an op writes its outputs in
-    any order, so an alias would give a wrong answer). Skipped for tensors without storage (the
-    fake tensors of ``torch.compile`` tracing) and empty ones."""
+    """No output shares a byte of memory with another output or with an input (an op writes its
+    outputs in any order, so an alias would give a wrong answer); tensors that interleave in one
+    buffer without sharing an element pass. Skipped for tensors without storage (the fake
+    tensors of ``torch.compile`` tracing) and empty ones."""
     def real(t):
         return t.numel() > 0 and t.device.type != "meta" and not torch._subclasses.fake_tensor.is_fake(t)
 
     named = [(n, t) for n, t in outputs.items() if real(t)]
     others = [(n, t) for n, t in inputs.items() if isinstance(t, torch.Tensor) and real(t)]
-    spans = {n: _byte_span(t) for n, t in named + others}
-    for i, (a, _) in enumerate(named):
-        for b, _ in named[i + 1:] + others:
-            (a0, a1), (b0, b1) = spans[a], spans[b]
-            if a0 < b1 and b0 < a1:
+    for i, (a, ta) in enumerate(named):
+        for b, tb in named[i + 1:] + others:
+            if _overlap(ta, tb):
                 raise ValueError(f"{a} must not overlap {b} in memory")
 
 

@@ -25,7 +25,7 @@ import logging
 import torch
 import torch.distributed as dist
 
-from ._library import check_int
+from ._library import check_int, check_scalar
 from .limits import TOPK_MAX_K, TOPK_MAX_ROWS
 from .ops.dcp.reference import DcpStepError, check_step
 from .ops.dcp.reference import all_gather_rows as _all_gather
@@ -106,7 +106,8 @@ def pack_candidates(
     ``scores`` fp32/bf16 [T, L] local indexer scores (L <= 2**17), ``lengths`` int32 [T] local
     valid lengths. ``packed`` holds the rank's best N = dcp_merge_local_topk(topk, world_size)
     candidates in the B' layout; ``rescue`` its local top-K in the same layout (K' = K rounded up
-    to 32 slots), in the same key order.
+    to 32 slots), in the same key order. N must be > 0 (topk > 32, and at W = 2 not 43-64 or
+    85-96, at W = 3 not 64: docs/dcp.md), else a ValueError names the generic merge.
     """
     world_size, rank, topk = _group_ints(world_size, rank, topk)
     rows = _rows(scores, "scores", 2)
@@ -152,7 +153,8 @@ def merge_generic(gathered_keys: torch.Tensor, rank: int) -> tuple[torch.Tensor,
 
 
 def simulate_dcp_topk(scores: torch.Tensor, lengths: torch.Tensor, topk: int, *, return_local: bool = False):
-    """Run in one process exactly the pack and one-round merge that a W-rank group runs.
+    """Run in one process exactly the pack and one-round merge that a W-rank group runs (a
+    topk the one-round merge takes: ``pack_candidates``).
 
     Args:
         scores: [W, T, L] each rank's local scores; lengths: int32 [W, T] local valid lengths.
@@ -213,30 +215,44 @@ def _local_support(group, topk: int, max_local_len: int | None) -> tuple[bool, s
 MAX_WORKSPACE_WORDS = (1 << 31) - 1
 
 
-def _argument_error(topk, max_rows, max_local_len, timeout_s, world_size: int) -> str:
-    """What is wrong with this rank's arguments to ``init_dcp_topk_merge``, or ''."""
+def _argument_error(topk, max_rows, max_local_len, timeout_s, world_size: int) -> Exception | None:
+    """What is wrong with this rank's arguments to ``init_dcp_topk_merge`` (a TypeError for a
+    wrong type, else a ValueError), or None."""
     try:
         check_int(topk, "topk", 1, TOPK_MAX_K)
+        max_rows = check_int(max_rows, "max_rows", 1, TOPK_MAX_ROWS)
+        if max_local_len is not None:
+            check_int(max_local_len, "max_local_len", 1, 1 << 62)
+        check_scalar(timeout_s, "timeout_s", float)
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a positive number of seconds, got {timeout_s!r}")
     except (TypeError, ValueError) as err:
-        return str(err)
-    if isinstance(max_rows, bool) or not isinstance(max_rows, int) or not 1 <= max_rows <= TOPK_MAX_ROWS:
-        return f"max_rows must be an int in [1, {TOPK_MAX_ROWS}], got {max_rows!r}"
-    local_topk = dcp_merge_local_topk(topk, world_size) if 1 <= world_size <= MAX_WORLD_SIZE else 0
+        return err
+    local_topk = dcp_merge_local_topk(int(topk), world_size) if 1 <= world_size <= MAX_WORLD_SIZE else 0
     if local_topk:
-        words = workspace_words(world_size, topk, local_topk, max_rows)
+        words = workspace_words(world_size, int(topk), local_topk, max_rows)
         if words > MAX_WORKSPACE_WORDS:
-            most = MAX_WORKSPACE_WORDS // workspace_words(world_size, topk, local_topk, 1)
-            return (f"max_rows must be at most {most} for topk={topk} on {world_size} ranks (the one-round "
-                    f"workspace is addressed with 32-bit offsets), got {max_rows}")
-    if max_local_len is not None and (not isinstance(max_local_len, int) or max_local_len < 1):
-        return f"max_local_len must be None or a positive int, got {max_local_len!r}"
-    if not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-        return f"timeout_s must be a positive number of seconds, got {timeout_s!r}"
-    return ""
+            most = MAX_WORKSPACE_WORDS // workspace_words(world_size, int(topk), local_topk, 1)
+            return ValueError(f"max_rows must be at most {most} for topk={topk} on {world_size} ranks (the one-round "
+                              f"workspace is addressed with 32-bit offsets), got {max_rows}")
+    return None
 
 
-def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local_len: int | None = None,
-           topk: int = 1) -> bool:
+def _process_group(group, caller: str):
+    """``group``, or the default group for None; a TypeError naming it otherwise."""
+    if group is None:
+        if not dist.is_initialized():
+            raise ValueError(f"{caller}: group is None and no default process group exists "
+                             "(call torch.distributed.init_process_group first, or pass the group)")
+        return dist.group.WORLD
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{caller}: group must be a torch.distributed.ProcessGroup (or None for the default group), "
+                        f"got {type(group).__name__}")
+    return group
+
+
+def _agree(group, supported: bool, error: Exception | None = None, max_rows: int = 1,
+           max_local_len: int | None = None, topk: int = 1) -> bool:
     """One all-reduce (MIN) over the group: the one-round merge only if every rank has it.
 
     It also carries each rank's argument check and the range of ``topk``, ``max_rows`` and
@@ -250,7 +266,7 @@ def _agree(group, supported: bool, error: str = "", max_rows: int = 1, max_local
     dist.all_reduce(reduced, op=dist.ReduceOp.MIN, group=group)
     everyone, valid, rows_lo, rows_hi, length_lo, length_hi, k_lo, k_hi = reduced.tolist()
     if error:
-        raise ValueError(error)
+        raise error
     if not valid:
         raise ValueError("init_dcp_topk_merge: another rank of the group got invalid arguments (its error names them)")
     if k_lo != -k_hi:
@@ -280,12 +296,14 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     ``dcp_topk_merge``). Calling it again for the same group and topk with the same arguments
     returns the agreed value; with others it raises.
     """
-    group = group if group is not None else dist.group.WORLD
+    group = _process_group(group, "init_dcp_topk_merge")
     name = group.group_name
     world_size = dist.get_world_size(group)
-    arguments = (max_rows, max_local_len, timeout_s)
     error = _argument_error(topk, max_rows, max_local_len, timeout_s, world_size)
-    topk = topk if error else int(topk)  # a numpy integer keys the same entries as the int
+    if not error:  # numpy numbers key the same entries as Python's
+        topk, max_rows, timeout_s = int(topk), int(max_rows), float(timeout_s)
+        max_local_len = None if max_local_len is None else int(max_local_len)
+    arguments = (max_rows, max_local_len, timeout_s)
     done = GROUPS.get((name, topk)) if not error else None
     if done is not None:  # local: a repeated call runs no collective
         if done.arguments != arguments:
@@ -348,8 +366,9 @@ def dcp_topk_merge(
       past the bound raises ``DcpStepError``. In a captured step the bound is the process group's
       own timeout.
 
-    A rank that arrives late after its peers gave up still gets the exact answer (its peers' rows
-    were there); the ranks that waited raise.
+    A rank that arrives late after its peers gave up: on the one-round path it still gets the
+    exact answer (its peers' rows were there) and the ranks that waited raise; on the generic
+    path every rank raises (docs/dcp.md).
 
     Args:
         scores: this rank's local indexer scores, fp32/bf16 [T, L].
@@ -360,7 +379,7 @@ def dcp_topk_merge(
             rows fetched by a second all-gather (standing in for the symmetric-memory read).
     """
     topk = check_int(topk, "topk", 1, TOPK_MAX_K)
-    group = group if group is not None else dist.group.WORLD
+    group = _process_group(group, "dcp_topk_merge")
     world_size, rank = dist.get_world_size(group), dist.get_rank(group)
     if local_topk:
         if local_topk != dcp_merge_local_topk(topk, world_size):
@@ -385,7 +404,7 @@ def dcp_topk_merge_check(group=None, topk: int | None = None) -> None:
     """Raise ``DcpStepError`` if a one-round step of ``group`` since the last check lacked a peer's
     rows, naming the ranks (reads device memory: call it between decode steps, outside graph
     capture). The error is reported once."""
-    group = group if group is not None else dist.group.WORLD
+    group = _process_group(group, "dcp_topk_merge_check")
     for (name, k), state in GROUPS.items():
         ws = state.workspace
         if ws is None or name != group.group_name or (topk is not None and k != topk):

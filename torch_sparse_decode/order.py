@@ -11,6 +11,9 @@ ties left to break and its result does not depend on the algorithm behind it.
 
 from __future__ import annotations
 
+import functools
+from typing import Callable
+
 import torch
 
 __all__ = [
@@ -120,3 +123,28 @@ def windows(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> tuple[
         return x, end - start
     columns = (start[:, None] + torch.arange(width, device=x.device)).clamp(max=width - 1)
     return x.gather(1, columns), end - start
+
+
+CHUNK_ELEMENTS = 1 << 22  # a top-k reference's per-column temporaries: rows taken this many columns at a time
+
+
+def by_row_chunks(reference: Callable[..., None]) -> Callable[..., None]:
+    """``reference(scores, ...)`` run over chunks of rows, so its temporaries (int64 keys of every
+    column, windows) stay near CHUNK_ELEMENTS elements: the CPU takes the largest batches the
+    ops accept (65535 rows of 2**20 columns) in bounded memory. Every tensor argument is per row."""
+
+    @functools.wraps(reference)
+    def run(scores: torch.Tensor, *args, **kwargs) -> None:
+        rows, width = scores.shape
+        step = max(1, CHUNK_ELEMENTS // max(width, 1))
+        if rows <= step:
+            return reference(scores, *args, **kwargs)
+        for first in range(0, rows, step):
+            part = slice(first, first + step)
+
+            def cut(a):
+                return a[part] if isinstance(a, torch.Tensor) else a
+
+            reference(scores[part], *map(cut, args), **{k: cut(v) for k, v in kwargs.items()})
+
+    return run

@@ -43,6 +43,7 @@ def _check_dcp_scores(scores, lengths, world_size, rank, topk, max_length: int) 
     if scores.shape[1] > max_length:
         raise ValueError(f"scores may have at most {max_length} local tokens (columns), got {scores.shape[1]}")
     check_lengths(lengths, "lengths", scores.shape[0])
+    check_same_device(scores, "scores", lengths=lengths)
     check_int(world_size, "world_size", 1, MAX_WORLD_SIZE)
     check_int(rank, "rank", 0, world_size - 1)
     check_int(topk, "topk", 1, TOPK_MAX_K)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import INT32, check_int, check_no_overlap, check_same_device, check_shape, check_tensor, define_op
+from ..._library import (INT32, check_int, check_no_overlap, check_rows, check_same_device, check_shape, check_tensor,
+                         define_op)
 from ...limits import MAX_NEXT_N
 from . import reference
 
@@ -13,6 +14,7 @@ from . import reference
 def check_decode_row_lengths(seq_lens, next_n, out) -> None:
     check_tensor(seq_lens, "seq_lens", dtypes=INT32, ndim=1)
     next_n = check_int(next_n, "next_n", 1, MAX_NEXT_N)
+    check_rows(seq_lens.shape[0] * next_n, "the step (seq_lens.shape[0] * next_n)")
     check_tensor(out, "out", dtypes=INT32, ndim=1)
     check_shape(out, "out", (seq_lens.shape[0] * next_n,))
     check_same_device(seq_lens, "seq_lens", out=out)
@@ -37,7 +39,8 @@ def decode_row_lengths(seq_lens: torch.Tensor, next_n: int, *, out: torch.Tensor
 
     Args:
         seq_lens: int32 [B], contiguous.
-        next_n: query tokens per request, 1..1024.
+        next_n: query tokens per request, 1..1024; B * next_n rows at most 65535 (the top-k ops'
+            row limit).
         out: optional int32 [B * next_n] to write into.
 
     Returns:
@@ -47,6 +50,7 @@ def decode_row_lengths(seq_lens: torch.Tensor, next_n: int, *, out: torch.Tensor
     next_n = check_int(next_n, "next_n", 1, MAX_NEXT_N)
     if out is None:
         check_tensor(seq_lens, "seq_lens", dtypes=INT32, ndim=1)
+        check_rows(seq_lens.shape[0] * next_n, "the step (seq_lens.shape[0] * next_n)")
         out = torch.empty(seq_lens.shape[0] * next_n, dtype=torch.int32, device=seq_lens.device)
     torch.ops.sparse_decode.decode_row_lengths(seq_lens, next_n, out)
     return out

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ...order import ascending_topk, clamped_lengths, prefix_keys, windows
+from ...order import ascending_topk, by_row_chunks, clamped_lengths, prefix_keys, windows
 
 
+@by_row_chunks
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor,
                  row_starts: torch.Tensor | None = None) -> None:
     """Exact top-``k`` token positions of each row's valid prefix (or of its window

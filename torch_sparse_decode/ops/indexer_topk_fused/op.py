@@ -68,7 +68,8 @@ def indexer_topk_fused(
 
     - with ``page_table`` (int32 [rows, pages]) and ``page_size``: the KV slots of the selected
       positions, ``page_table[i, p // page_size] * page_size + p % page_size``, ascending by
-      position, -1 padded (int32 arithmetic: the caller's slots fit int32);
+      position, -1 padded. The entries the positions reach must be pages, ``0 <= entry <
+      2**31 // page_size`` (int32 slots); they are not checked (that would sync with the host);
     - ``ids=True`` (with a page table): the raw positions too;
     - ``values=True``: the selected scores in the scores' dtype, -inf at the padding.
 

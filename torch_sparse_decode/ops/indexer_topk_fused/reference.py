@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...order import windows
+from ...order import by_row_chunks, windows
 from ..indexer_topk.reference import indexer_topk
 
 
@@ -27,6 +27,7 @@ def selected_outputs(ids: torch.Tensor, scores: torch.Tensor, page_table: torch.
         values.copy_(torch.where(live, picked, float("-inf")).to(values.dtype))
 
 
+@by_row_chunks
 def indexer_topk_fused(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor,
                        ids: torch.Tensor | None, values: torch.Tensor | None, page_table: torch.Tensor | None,
                        page_size: int, row_starts: torch.Tensor | None = None) -> None:

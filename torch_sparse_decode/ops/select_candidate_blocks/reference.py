@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ...order import KEY_NONE, ascending_ids, canonical, clamped_lengths, prefix_keys, topk_by_key, windows
+from ...order import (KEY_NONE, ascending_ids, by_row_chunks, canonical, clamped_lengths, prefix_keys, topk_by_key,
+                     windows)
 
 
 def block_scores(logits: torch.Tensor, lengths: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -23,6 +24,7 @@ def block_scores(logits: torch.Tensor, lengths: torch.Tensor, block_size: int) -
     return padded.view(rows, num_blocks, block_size).amax(dim=2)
 
 
+@by_row_chunks
 def select_candidate_blocks(
     logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int, out: torch.Tensor,
     row_starts: torch.Tensor | None = None,

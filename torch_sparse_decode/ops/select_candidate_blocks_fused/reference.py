@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import torch
 
+from ...order import by_row_chunks
 from ..indexer_topk_fused.reference import selected_outputs
 from ..select_candidate_blocks.reference import select_candidate_blocks
 
 
+@by_row_chunks
 def select_candidate_blocks_fused(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, k: int,
                                   out: torch.Tensor, ids: torch.Tensor | None, block_table: torch.Tensor,
                                   row_starts: torch.Tensor | None = None) -> None:
