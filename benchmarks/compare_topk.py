@@ -1,21 +1,21 @@
-"""Top-k engine versions side by side, in one process: this checkout's ``kernels/topk_engine.py``
-against other copies of that file, e.g. an earlier commit's, so a change is judged on the same GPU,
-clocks and inputs as what it replaces. A copy must come from a commit with this layout (its
-relative imports resolve in this checkout's ``kernels`` package).
+"""Top-k engine versions side by side, in one process: this checkout's ``kernels/topk`` package
+against other copies of it, e.g. an earlier commit's, so a change is judged on the same GPU,
+clocks and inputs as what it replaces. A copy is a folder (or, from before the package, a copy of
+the single file ``kernels/topk_engine.py``) whose relative imports resolve in this checkout's
+``kernels`` package.
 
-    git show REV:torch_sparse_decode/kernels/topk_engine.py > /tmp/topk_REV.py
-    python benchmarks/compare_topk.py .device/scratch/topk_REV.py [...] [--quick | --shapes S [S ...]]
-        [--rounds R] [--results FILE]
+    git archive REV torch_sparse_decode/kernels/topk | tar -x --strip-components=3 -C .device/scratch/topk_REV
+    python benchmarks/compare_topk.py .device/scratch/topk_REV [...] [--quick | --shapes S [S ...]]
+        [--rounds R] [--dist D [D ...]] [--results FILE]
 
 ``--shapes``: other shapes than SHAPES, each WHAT:ROWSxWIDTH[:BLOCK] with WHAT tokens, blocks or
 ord16 and the width in K columns, e.g. ``blocks:64x1024:64 tokens:8x128``.
 
 Every version runs every shape on the same inputs; a version whose ids differ from this
-checkout's on a shape is marked there (the GPU tests are what prove exactness). The disk cache of
-compiled kernels is off here (every version compiles in this process): its key covers the
-package's source, not a copy outside it. With --rounds R,
-the versions take turns R times per shape and each cell is the median of its R times: one run's
-spread between identical versions reached ~2% at 64 x 1M (session 8), more than some changes.
+checkout's on a shape is marked there (the GPU tests are what prove exactness). A copy's kernels
+are keyed in the disk cache by the copy's own files, so no version loads another's build. With
+--rounds R, the versions take turns R times per shape and each cell is the median of its R times:
+one run's spread between identical versions reached ~2% at 64 x 1M, more than some changes.
 """
 
 from __future__ import annotations
@@ -23,11 +23,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import statistics
+import sys
 
 import torch
 
 from harness import Table, graph_us, parser, rotation
-from torch_sparse_decode.kernels import topk_engine as current
+from torch_sparse_decode.kernels import topk as current
 from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
 K = 2048
@@ -48,12 +49,17 @@ def shape_of(text: str) -> tuple[str, int, int, int]:
 
 
 def load(path: str):
-    """A copy of kernels/topk_engine.py as a module of the ``kernels`` package, read from its own
-    file (Triton and CuTe DSL read a kernel's source there)."""
-    name = "torch_sparse_decode.kernels.cmp_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_").replace(".", "_")
-    spec = importlib.util.spec_from_file_location(name, path)
+    """A copy of the engine as a package (a folder) or module (a file) of ``kernels``, read from its
+    own files (Triton and CuTe DSL read a kernel's source there)."""
+    stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0].replace("-", "_").replace(".", "_")
+    name = "torch_sparse_decode.kernels.cmp_" + stem
+    folder = os.path.isdir(path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py") if folder else path,
+                                                  submodule_search_locations=[path] if folder else None)
     module = importlib.util.module_from_spec(spec)
-    module.__package__ = "torch_sparse_decode.kernels"  # its relative imports
+    if not folder:
+        module.__package__ = "torch_sparse_decode.kernels"  # its relative imports
+    sys.modules[name] = module  # the package's own relative imports find it
     spec.loader.exec_module(module)
     return module
 
@@ -74,7 +80,7 @@ def caller(engine, what: str, block_size: int, sets, out):
 
 def main() -> None:
     cli = parser(__doc__)
-    cli.add_argument("versions", nargs="+", help="copies of kernels/topk_engine.py to time beside this checkout's")
+    cli.add_argument("versions", nargs="+", help="copies of kernels/topk (folders) to time beside this checkout's")
     cli.add_argument("--rounds", type=int, default=1, help="turns each version takes per shape (median)")
     cli.add_argument("--shapes", nargs="+", type=shape_of, help="WHAT:ROWSxWIDTH[:BLOCK], width in K columns")
     args = cli.parse_args()

@@ -16,7 +16,7 @@ import torch
 
 import torch_sparse_decode as tsd
 from harness import Table, parser
-from torch_sparse_decode.kernels.topk_engine import sm_count
+from torch_sparse_decode.kernels.topk import sm_count
 from torch_sparse_decode.ops.moe_gate_route import front, kernel
 
 WIDTH = 7168

@@ -1,5 +1,5 @@
 """Where the top-k engine's cycles go: a build with phase marks (``RadixTopk(profile=True)``,
-``kernels/topk_engine.py`` PHASES) stamps the SM clock at the end of each phase; this prints, per shape,
+``kernels/topk``'s PHASES) stamps the SM clock at the end of each phase; this prints, per shape,
 the median over rows and CTAs of each phase's cycles. Phases a shape does not take read 0. ncu
 has no counters on our machines; this is the profiler.
 
@@ -23,7 +23,7 @@ import torch
 from bench_topk_ties import DISTRIBUTIONS, distribution
 from compare_topk import K, QUICK, SHAPES
 from harness import Table, parser
-from torch_sparse_decode.kernels import topk_engine as topk
+from torch_sparse_decode.kernels import topk
 from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
 

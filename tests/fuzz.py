@@ -224,7 +224,7 @@ def as_view(rng: random.Random, x: torch.Tensor) -> torch.Tensor:
 
 
 def tsd_engine():
-    from torch_sparse_decode.kernels import topk_engine as topk
+    from torch_sparse_decode.kernels import topk
 
     return topk
 

@@ -40,7 +40,7 @@ def test_every_cached_kernel_is_found_and_has_a_catalog():
 
 
 def test_the_engine_catalog_holds_every_configuration_the_ops_take():
-    from torch_sparse_decode.kernels import topk_engine as topk
+    from torch_sparse_decode.kernels import topk
 
     catalog = set(topk.compiled.catalog(helper.Target("sm_90a", 132)))
     for ctas in topk.CLUSTER_SIZES:
@@ -73,17 +73,19 @@ def test_the_routing_catalogs_follow_the_models_and_the_gpu():
 def test_a_kernels_sources_are_its_module_and_what_it_imports():
     """The key names the files a kernel is built from, not the whole package: an edit to another
     op leaves the engine's objects valid."""
-    from torch_sparse_decode.kernels import topk_engine as topk
+    from torch_sparse_decode.kernels import topk
     from torch_sparse_decode.ops.moe_gate_route import front
 
     def files(kernel):
         path = Path(kernel.build.__code__.co_filename).resolve()
         return {p.relative_to(PACKAGE).as_posix() for p in helper.source_files(kernel.build.__module__, path)}
 
-    assert files(topk.compiled) == {"kernels/topk_engine.py", "kernels/compile.py", "kernels/cute.py"}
+    engine = {f"kernels/topk/{name}.py" for name in ("engine", "cluster", "digits", "keys", "layout", "one_read",
+                                                     "output", "stream")}
+    assert files(topk.compiled) == engine | {"kernels/compile.py", "kernels/cute.py"}  # not the launch policy
     used = files(front.compiled)
     assert {"ops/moe_gate_route/front.py", "ops/moe_route/kernel.py", "limits.py", "kernels/cute.py"} <= used
-    assert "kernels/topk_engine.py" not in used and "ops/moe_gate_route/op.py" not in used
+    assert "kernels/topk/engine.py" not in used and "ops/moe_gate_route/op.py" not in used
 
 
 def test_the_key_names_the_arch_config_and_toolchain_not_torch_or_the_folder(tmp_path, monkeypatch):
@@ -125,6 +127,16 @@ def test_one_kernel_of_each_builds_for_sm90_and_sm100(tmp_path):
     assert all(os.stat(p).st_mode & 0o044 == 0o044 for p in objects)  # another user may load them
     again = run_build("--arch", "sm_90a", "--out", str(out), "--one-per-kernel", "--quiet")
     assert "built 0 kernel objects for sm_90a" in again.stdout and f"{len(KERNELS)} were already there" in again.stdout
+
+
+def test_ptx_manifest_names_no_module_path(tmp_path):
+    """--ptx keeps each configuration's PTX with its entry renamed, so a refactor that moves a
+    kernel's class to another module can show its PTX unchanged."""
+    run_build("--arch", "sm_90a", "--ptx", str(tmp_path), "--kernels", "moe_route", "--one-per-kernel", "--quiet")
+    (line,) = (tmp_path / "manifest.txt").read_text().splitlines()
+    (ptx,) = tmp_path.glob("sm_90a-moe_route-*.ptx")
+    assert line.split()[1:3] == ["sm_90a", "moe_route"] and ".entry KERNEL(" in ptx.read_text()
+    assert "torch_sparse_decode" not in ptx.read_text()
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])

@@ -203,7 +203,7 @@ def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     engine at each of them for both score dtypes, and the step's merge."""
     pytest.importorskip("triton", reason="triton not installed")
     from torch_sparse_decode.ops.dcp import kernel as kernels
-    from torch_sparse_decode.kernels import topk_engine as topk
+    from torch_sparse_decode.kernels import topk
     from torch_sparse_decode.ops.dcp import merge as dcp_merge
 
     sizes = {topk.cluster_size(rows, width, sms) for rows in (1, 3, 8, 64, 600, 65535)

@@ -14,7 +14,7 @@ cute = pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl not instal
 from torch_sparse_decode.ops.moe_route import kernel as moe_route  # noqa: E402
 
 pytest.importorskip("triton", reason="triton not installed")
-from torch_sparse_decode.kernels import topk_engine as topk  # noqa: E402
+from torch_sparse_decode.kernels import topk  # noqa: E402
 
 MOE_CONFIGS = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
@@ -222,14 +222,12 @@ def test_engine_gated_copy_limits_cover_the_widest_rows():
     assert topk.MAX_TILES * topk.WARPS <= 1 << (32 - topk.ID_BITS)
 
 
-def test_engine_shared_memory_fits_sm90():
-    """The engine's shared memory (its allocations, from the module's constants) fits SM90's 227 KiB
-    per block: the CPU compile does not check this, a launch would fail on the GPU."""
-    words = 3 * topk.BINS + 3 * topk.THREADS + topk.FINE + 4 * topk.WARPS + topk.WARPS + 2 + 4 + 2 + 1 + 2 * topk.CAP
-    words += 2 + topk.MAX_TILES * topk.WARPS  # the gated pass's claims (copied, keys at the gate), its parts
-    ring = topk.STAGES * topk.TILE * 4  # fp32 and int32 sources; bf16 takes half
-    alignment = 14 * 16  # each of the 14 allocations may pad to 16 bytes
-    assert 4 * words + ring + alignment <= 227 * 1024
+@pytest.mark.parametrize("source", list(topk.SOURCES))
+def test_engine_shared_memory_fits_sm90(source):
+    """The engine's shared memory, sized from the one table the kernel allocates from
+    (``layout.shared_arrays``), fits SM90's 227 KiB per block: the CPU compile does not check
+    this, a launch would fail on the GPU."""
+    assert topk.smem_bytes(topk.SOURCES[source]) <= 227 * 1024
 
 
 def test_a_configuration_compiles_once_however_its_arguments_are_spelled(tmp_path, monkeypatch):
@@ -252,7 +250,7 @@ def _engine_spills() -> dict:
     process (the DSL reads its diagnostics option from the environment)."""
     code = (
         "import torch\n"
-        "from torch_sparse_decode.kernels import topk_engine as t\n"
+        "from torch_sparse_decode.kernels import topk as t\n"
         f"for source, ctas, fused in {_SPILL_BUILDS!r}:\n"
         "    t.compiled(getattr(torch, source), source == 'int32', ctas, fused=fused)\n"
     )

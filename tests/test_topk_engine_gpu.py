@@ -12,7 +12,7 @@ from inputs import KINDS, poisoned, scores
 pytestmark = pytest.mark.gpu
 pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl not installed")
 pytest.importorskip("triton", reason="triton not installed")
-from torch_sparse_decode.kernels import topk_engine as topk  # noqa: E402
+from torch_sparse_decode.kernels import topk  # noqa: E402
 
 # Widths whose cluster sizes are 1, 2, 4 and 8 CTAs per row, for ROWS rows per call.
 WIDTHS = [6000, 12000, 30000, 300000]

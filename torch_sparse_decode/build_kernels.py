@@ -2,6 +2,7 @@
 
     python -m torch_sparse_decode.build_kernels --arch sm_90a [--arch sm_100a] --out DIR
         [--sms N ...] [--route E,K[,G,KG[,H]] ...] [--jobs N] [--kernels NAME,...] [--one-per-kernel]
+    python -m torch_sparse_decode.build_kernels --arch sm_90a --ptx DIR [--kernels NAME,...]
 
 For each architecture it compiles every kernel's catalog (the configurations ``warmup()`` loads:
 ``cached_kernel(name, catalog)`` beside each kernel) into DIR, in parallel over the cores, with
@@ -19,6 +20,11 @@ A process started with ``TORCH_SPARSE_DECODE_CACHE=DIR`` loads these instead of 
 whatever is not in DIR still compiles on first use. An object's key names the kernel's source,
 the CuTe DSL and TVM-FFI versions, the architecture and the configuration (``kernels/compile.py``),
 so an object built here for sm_90a is the one an H100 or H200 loads, and a stale one never is.
+
+``--ptx DIR`` builds no objects: it compiles each configuration afresh and keeps its PTX in DIR,
+the kernel's entry name (which spells the module path of its class) replaced by ``KERNEL``, with a
+``manifest.txt`` of their sha256. Two trees whose manifests agree compile to the same code: how a
+refactor shows that the shipped kernels' PTX did not change.
 
 The Triton kernels (the block-key pass, the DCP pack, ``decode_row_lengths``) are not built
 here: Triton's cache is keyed by its own version and by each launch's specializations, which only
@@ -75,9 +81,11 @@ def plan(archs: list[str], sms: dict[str, list[int]], models: tuple, kernels: li
     return sorted(jobs, key=lambda job: (archs.index(job.arch), job.kernel != "topk_engine"))
 
 
-def _start_worker(arch: str, out: str) -> None:
+def _start_worker(arch: str, out: str, ptx: bool = False) -> None:
     os.environ["CUTE_DSL_ARCH"] = arch  # before the DSL is imported: it reads it once
     os.environ["TORCH_SPARSE_DECODE_CACHE"] = out
+    if ptx:
+        os.environ["CUTE_DSL_KEEP"] = "ptx"
 
 
 def _build(job: Job) -> Built:
@@ -99,23 +107,46 @@ def _build(job: Job) -> Built:
     return Built(job, time.perf_counter() - start, path.stat().st_size)
 
 
+def _ptx(job: Job) -> Built:
+    """In a worker started for ``--ptx``: compile ``job`` afresh, keep its PTX (the entry's name
+    replaced) in the cache folder, and return its size; ``seconds`` carries its sha256."""
+    import hashlib
+    import re
+    import tempfile
+
+    importlib.import_module(job.module)
+    from .kernels.compile import KERNELS, _dsl, cache_dir
+
+    with tempfile.TemporaryDirectory() as dump:
+        _dsl().envar.dump_dir = dump
+        KERNELS[job.kernel].build(*job.config)
+        (ptx,) = Path(dump).glob("*.ptx")
+        text = ptx.read_text()
+    text = text.replace(re.search(r"\.entry (\w+)\(", text).group(1), "KERNEL")
+    tag = hashlib.sha256(repr(job.config).encode()).hexdigest()[:12]
+    (cache_dir() / f"{job.arch}-{job.kernel}-{tag}.ptx").write_text(text)
+    return Built(job, hashlib.sha256(text.encode()).hexdigest(), len(text))
+
+
 def _describe(config: tuple) -> str:
     return "(" + ", ".join(str(v).removeprefix("torch.") for v in config) + ")"
 
 
-def build(jobs: list[Job], out: Path, processes: int, log=print) -> list[Built]:
-    """Run ``jobs`` over ``processes`` worker processes per architecture, logging each."""
+def build(jobs: list[Job], out: Path, processes: int, log=print, ptx: bool = False) -> list[Built]:
+    """Run ``jobs`` over ``processes`` worker processes per architecture, logging each (``ptx``:
+    their PTX instead of objects)."""
     out.mkdir(parents=True, exist_ok=True)
     done: list[Built] = []
     for arch in dict.fromkeys(job.arch for job in jobs):
         mine = [job for job in jobs if job.arch == arch]
         context = multiprocessing.get_context("spawn")  # a fresh DSL per worker, for this arch
-        with ProcessPoolExecutor(min(processes, len(mine)), context, _start_worker, (arch, str(out))) as pool:
-            for future in as_completed([pool.submit(_build, job) for job in mine]):
+        start = (arch, str(out), ptx)
+        with ProcessPoolExecutor(min(processes, len(mine)), context, _start_worker, start) as pool:
+            for future in as_completed([pool.submit(_ptx if ptx else _build, job) for job in mine]):
                 built = future.result()
                 done.append(built)
                 job = built.job
-                took = f"{built.seconds:5.1f} s" if built.seconds else "   there"
+                took = built.seconds[:12] if ptx else f"{built.seconds:5.1f} s" if built.seconds else "   there"
                 log(f"[{len(done)}/{len(jobs)}] {arch} {took}  {job.kernel} {_describe(job.config)}")
     return done
 
@@ -135,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     cli = argparse.ArgumentParser(prog="python -m torch_sparse_decode.build_kernels",
                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     cli.add_argument("--arch", action="append", required=True, help="sm_90a, sm_100a, ... (repeatable)")
-    cli.add_argument("--out", type=Path, required=True, help="the cache folder (TORCH_SPARSE_DECODE_CACHE)")
+    where = cli.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="the cache folder (TORCH_SPARSE_DECODE_CACHE)")
+    where.add_argument("--ptx", type=Path, help="keep each configuration's PTX and a manifest here instead")
     cli.add_argument("--sms", type=int, action="append", help="SM counts to build the router front for")
     cli.add_argument("--route", type=_route, action="append", default=[], help="another routing: E,K[,G,KG[,H]]")
     cli.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="worker processes")
@@ -149,7 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     sms = {arch: args.sms or list(DEFAULT_SMS[arch]) for arch in args.arch}
     start = time.perf_counter()
     jobs = plan(args.arch, sms, MODELS + tuple(args.route), args.kernels, args.one_per_kernel)
-    done = build(jobs, args.out, max(args.jobs, 1), log=(lambda line: None) if args.quiet else print)
+    log = (lambda line: None) if args.quiet else print
+    if args.ptx:
+        done = build(jobs, args.ptx, max(args.jobs, 1), log, ptx=True)
+        lines = sorted(f"{b.seconds}  {b.job.arch} {b.job.kernel} {_describe(b.job.config)}" for b in done)
+        (args.ptx / "manifest.txt").write_text("\n".join(lines) + "\n")
+        print(f"PTX of {len(done)} configurations in {args.ptx} ({args.ptx / 'manifest.txt'})")
+        return 0
+    done = build(jobs, args.out, max(args.jobs, 1), log)
     fresh = [b for b in done if b.seconds]
     size = sum(b.bytes for b in done)
     print(f"built {len(fresh)} kernel objects for {', '.join(args.arch)} in {time.perf_counter() - start:.0f} s "

@@ -120,8 +120,10 @@ def _spec_origin(name: str) -> Path | None:
 @functools.cache
 def source_files(module: str, path: Path) -> tuple[Path, ...]:
     """The files a kernel is built from: module ``module`` at ``path`` and every module of this
-    package that it imports, transitively (any import statement in it, at any depth)."""
+    package, or of the folder of ``path`` (a benchmark's copy of a kernel package), that it
+    imports, transitively (any import statement in it, at any depth)."""
     top = _PACKAGE.name
+    roots = (_PACKAGE, path.parent)
     seen: dict[Path, None] = {}
     todo = [(module, path)]
     while todo:
@@ -133,7 +135,7 @@ def source_files(module: str, path: Path) -> tuple[Path, ...]:
         for node in ast.walk(ast.parse(file.read_bytes())):
             for target in _imported(node, package):
                 if target.split(".")[0] == top and (origin := _spec_origin(target)) is not None:
-                    if origin.is_relative_to(_PACKAGE):
+                    if any(origin.is_relative_to(root) for root in roots):
                         todo.append((target, origin))
     return tuple(sorted(seen))
 
@@ -169,7 +171,7 @@ class RoutedModel:
 MODELS = (
     RoutedModel("DeepSeek-V3 / V3.2", 256, 8, 8, 4),
     RoutedModel("Kimi-K2", 384, 8),
-    RoutedModel("Kimi-K3 (the seed's 896 / 16)", 896, 16),
+    RoutedModel("Kimi-K3", 896, 16),
     RoutedModel("512 / 22", 512, 22),
     RoutedModel("1024 / 32", 1024, 32),
 )

@@ -74,7 +74,7 @@ def warm_step(world_size: int, topk: int) -> None:
     """Compile every kernel variant a one-round step of (W, K) can take, from fake tensors: the
     engine's ord16 selection at each cluster size and score dtype, and the step's merge. (The
     pack, one Triton variant per score dtype, compiles in ``init_dcp_topk_merge``'s warm steps.)"""
-    from ...kernels import topk_engine as engine
+    from ...kernels import topk as engine
     from .merge import compiled
 
     for ctas in engine.CLUSTER_SIZES:

@@ -1,6 +1,6 @@
 """The DCP pack (Triton): a rank's B' rows from its local top-K, as ``dcp_pack`` and a step's push.
 
-The top-k engine (``kernels/topk_engine.py``, keyed by each score's bf16 ord16) selects the rank's local
+The top-k engine (``kernels/topk``, keyed by each score's bf16 ord16) selects the rank's local
 top-K, ties to the lower local id (the merge's order), ids ascending; ``_pack_rows`` recomputes
 their ord16 (bf16 rounding on the bits, so the CPU interpreter and the GPU agree bit for bit) and
 writes the rescue row (all K) and the packed row (the best N of them, a 16-bit radix select on
@@ -23,7 +23,7 @@ from .config import packed_row_slots, rescue_row_slots
 
 @triton.jit
 def _ord16(x):
-    """The seed's ord16 of scores rounded to bf16 (nearest even), NaN as -inf, -0.0 as +0.0.
+    """The ord16 of scores rounded to bf16 (nearest even), NaN as -inf, -0.0 as +0.0.
 
     Integer arithmetic on the bits only: the same result compiled and in the CPU interpreter."""
     if x.dtype == tl.bfloat16:

@@ -117,7 +117,7 @@ def one_round_step(ws: Workspace, scores: torch.Tensor, lengths: torch.Tensor, g
 
 def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, ids: torch.Tensor) -> None:
     """The rank's local top-K (``ids.shape[1]``) by bf16 ord16 (the CuTe engine), ids ascending, -1 padded."""
-    from ...kernels.topk_engine import select_ord16
+    from ...kernels.topk import select_ord16
 
     if scores.shape[1]:
         select_ord16(scores, lengths, ids.shape[1], ids)

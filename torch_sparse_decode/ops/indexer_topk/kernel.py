@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...kernels import topk_engine as engine
+from ...kernels import topk as engine
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor,

@@ -3,7 +3,7 @@ writing the KV slots, the raw ids and the values as it writes the ids (no extra 
 
 from __future__ import annotations
 
-from ...kernels import topk_engine as engine
+from ...kernels import topk as engine
 
 
 def indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, page_size, row_starts=None) -> None:

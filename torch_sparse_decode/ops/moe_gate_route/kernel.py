@@ -21,7 +21,7 @@ import contextlib
 import torch
 
 from ...kernels.compile import MODELS
-from ...kernels.topk_engine import sm_count
+from ...kernels.topk import sm_count
 from ..moe_route import kernel as route
 from . import front
 

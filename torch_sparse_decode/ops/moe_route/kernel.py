@@ -23,8 +23,8 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
 5. Warp 0 renormalizes the selected unbiased scores (a butterfly sum over the lanes, the
    reference's order too, so the weights are bit-identical to it) and scales them.
 
-Why not the seed's exact layout: the seed keys groups on 27 score bits plus the lane, so ties
-crowd its candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
+Why not keys of 27 score bits plus the lane (a published Top16 router's layout): ties crowd its
+candidate list (every expert of an all-equal row is a candidate, 896 of them); unique
 64-bit keys make such rows as cheap as random ones (exactly ``topk`` candidates). Random router
 scores give ~20-40 candidates, ranked by up to 32 threads each; an adversarial row can give up
 to the whole row, which is still exact, only slower (ranking is quadratic in the candidate count).

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...kernels import topk_engine as engine
+from ...kernels import topk as engine
 
 
 @triton.jit

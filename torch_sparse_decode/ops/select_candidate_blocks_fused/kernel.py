@@ -3,7 +3,7 @@ output stage mapping each block id through the block table as it writes it (no e
 
 from __future__ import annotations
 
-from ...kernels import topk_engine as engine
+from ...kernels import topk as engine
 from ..select_candidate_blocks.kernel import block_keys
 
 

@@ -1,0 +1,67 @@
+"""Launch policy: the cluster size a batch takes, and the call of the engine for the ops."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .engine import compiled
+from .layout import MAX_CLUSTER, SPAN_PER_CTA
+
+
+def cluster_size(rows: int, keys_per_row: int, sms: int) -> int:
+    """CTAs per row: one per 8K keys up to 8, while every row's cluster fits the GPU at once.
+
+    The engine's registers (over 64 per thread) leave room for one 512-thread CTA per SM, and a
+    cluster must sit in one GPC, so clusters of 4 and 8 fit about half as often as ``sms / S``
+    (H200, measured: 32 rows x 4 CTAs and 64 x 8 ran in two waves, 64 x 2 and 8 x 8 in one)."""
+    ctas = 1
+    while ctas < MAX_CLUSTER and ctas * SPAN_PER_CTA < keys_per_row:
+        wider = 2 * ctas
+        if rows * wider > (sms if wider <= 2 else sms // 2):
+            break
+        ctas = wider
+    return ctas
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_NONE: dict = {}  # (device, dtype) -> an empty [0, 0] tensor: the kernel's stand-in for an absent output
+
+
+def _none(like: torch.Tensor) -> torch.Tensor:
+    key = (like.device, like.dtype)
+    if key not in _NONE:
+        _NONE[key] = torch.empty(0, 0, dtype=like.dtype, device=like.device)  # no memory: graph-safe
+    return _NONE[key]
+
+
+def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
+           pinned: bool, ord16: bool = False, starts: torch.Tensor | None = None, table: torch.Tensor | None = None,
+           page: int = 0, raw: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
+    """Row r selects over columns [starts[r], lengths[r]) (clamped to [0, cols]; without
+    ``starts``, from 0), ids counted from the window's start. Token sources are read from there;
+    block keys (``pinned``) hold the window's blocks from 0. With ``table`` and ``page`` > 0,
+    ``out`` gets each id through the table (``Outputs``); ``raw`` the ids themselves; ``values``
+    (token sources) the selected scores."""
+    rows = out.shape[0]
+    if rows == 0:
+        return
+    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
+    windowed = starts is not None
+    want = int(raw is not None) | 2 * int(values is not None)
+    fused = table is not None or want != 0
+    compiled(src.dtype, pinned, ctas, ord16, fused=fused)(
+        src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
+        _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
+        _none(src) if values is None else values, want)
+
+
+def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:
+    """The DCP pack's local top-k: scores ranked by their bf16 ord16 (ties to the lower index),
+    ids ascending, -1 padded."""
+    select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, ord16=True)
