@@ -1,4 +1,4 @@
-"""DCP decode top-k merge on 2 GPUs (W = 2, K = 2048, 64K local tokens), all in CUDA graphs (SPEC 3),
+"""DCP decode top-k merge on 2 GPUs (W = 2, K = 2048, 64K local tokens), all in CUDA graphs (the harness's method),
 then the merge kernel alone on simulated W = 4, 8, 16 (one GPU, peers through the address table).
 
 Per T in {1, 8, 32}, beside each other in one run:

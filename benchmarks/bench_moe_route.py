@@ -2,7 +2,7 @@
 
     python benchmarks/bench_moe_route.py [--quick] [--results FILE]
 
-Shapes: the seed's 896 experts / top 16; DeepSeek-V3's 256 experts in 8 groups, 4 kept, top 8
+Shapes: Kimi-K3's 896 experts / top 16; DeepSeek-V3's 256 experts in 8 groups, 4 kept, top 8
 (its baseline is DeepSeek-V3's own routing code); 512 / 22 and 1024 / 32; and bf16 scores at
 896 / 16 beside fp32.
 """
@@ -75,8 +75,8 @@ def main() -> None:
             bar = bar_64 if t <= 64 else bar_256 if t <= 256 else None
             speed_ok = stock / ours >= 6 or stock < 40
             ok = "n/a" if bar is None else ("yes" if max(ours, ours_tied) <= bar and speed_ok else "no")
-            table.add(f"{experts}/{topk}", f"{groups}/{kept}", str(dtype).replace("torch.", ""), t, ours, ours_tied, stock,
-                      f"{stock / ours:.1f}x", bar or "-", ok)
+            table.add(f"{experts}/{topk}", f"{groups}/{kept}", str(dtype).replace("torch.", ""), t, ours, ours_tied,
+                      stock, f"{stock / ours:.1f}x", bar or "-", ok)
     table.emit(args.results)
 
 

@@ -1,5 +1,5 @@
 """select_candidate_blocks and indexer_topk vs block max + torch.topk / torch.topk, beside the
-one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (SPEC 3).
+one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the harness's method).
 
     python benchmarks/bench_topk.py [--quick] [--dtype float32|bfloat16|float16] [--results FILE]
 
@@ -99,8 +99,8 @@ def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> Non
     out, ids = (torch.empty(rows, K, dtype=torch.int32, device="cuda") for _ in range(2))
     values = torch.empty(rows, K, device="cuda")
     plain = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk(*sets[i % len(sets)], K, out))
-    for what, extra in (("slots + ids + values", (ids, values, pages, page_size)), ("slots", (None, None, pages, page_size)),
-                        ("values", (None, values, None, 0))):
+    for what, extra in (("slots + ids + values", (ids, values, pages, page_size)),
+                        ("slots", (None, None, pages, page_size)), ("values", (None, values, None, 0))):
         fused = graph_us(lambda i: torch.ops.sparse_decode.indexer_topk_fused(*sets[i % len(sets)], K, out, *extra))
         table.add("indexer_topk_fused", f"{rows}x{width >> 10}K page {page_size}", what, fused, plain,
                   f"{fused - plain:+.2f}", "yes" if fused - plain <= 0.5 else "no")

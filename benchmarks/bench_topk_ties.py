@@ -1,4 +1,4 @@
-"""The top-k ops on tie-heavy rows, beside the same shape on randn rows, in CUDA graphs (SPEC 3).
+"""The top-k ops on tie-heavy rows, beside the same shape on randn rows, in CUDA graphs (the harness's method).
 
     python benchmarks/bench_topk_ties.py [--quick] [--results FILE]
 

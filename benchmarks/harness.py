@@ -1,4 +1,4 @@
-"""The one timing harness (SPEC section 3): per-call time of a CUDA graph holding 20 back-to-back
+"""The one timing harness : per-call time of a CUDA graph holding 20 back-to-back
 calls, median of >= 50 replays, inputs rotated over buffers larger than L2, baselines timed by the
 same code in the same process, results appended as a dated table to benchmarks/history/runs.md
 (benchmarks/RESULTS.md holds each op's current table)."""
@@ -148,7 +148,7 @@ class Table:
     """A benchmark table: printed for people, appended to the results file with its provenance."""
 
     def __init__(self, title: str, columns: Sequence[str], timing: str | None = None):
-        """``timing``: how the numbers were taken, when not by ``graph_us`` (SPEC section 3)."""
+        """``timing``: how the numbers were taken, when not by ``graph_us``."""
         self.title, self.columns, self.rows = title, list(columns), []
         self.timing = timing or ROTATED
 

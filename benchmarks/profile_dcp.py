@@ -1,5 +1,5 @@
 """Where a DCP one-round step's time goes, on 2 GPUs (W = 2, K = 2048, 64K local tokens), all in
-CUDA graphs (SPEC 3). Four calls timed beside each other, per T in {1, 8, 32}:
+CUDA graphs (the harness's method). Four calls timed beside each other, per T in {1, 8, 32}:
 
 - select: the local top-K alone (the engine, ord16 keys);
 - local part: select + pack into a local buffer (bench_dcp.py's "local part");

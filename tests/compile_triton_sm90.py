@@ -1,7 +1,8 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
 size class and logits dtype, the decode row lengths, and the DCP B' row writer (fp32 and bf16
-scores) and merge (plain and symmetric-memory exchange) at the decode shapes. Run as a script (the test runs it in a subprocess without TRITON_INTERPRET,
-which would replace the kernels by interpreted ones). Prints one line per configuration.
+scores) and merge (plain and symmetric-memory exchange) at the decode shapes. Run as a script
+(the test runs it in a subprocess without TRITON_INTERPRET, which would replace the kernels by
+interpreted ones). Prints one line per configuration.
 
 It also checks the block keys' layout: with the row 16-byte aligned and no window, each thread
 must own 16 bytes of a block's columns. A window start known only at run time hides that

@@ -11,10 +11,11 @@ gate, rows kept unread, k_sel = 0) depends on the batch: rows of every length ki
 mixed from several families per batch (ties, few values, monotone rows, narrow rows, sparse
 peaks, NaN / +-inf / +-0.0), tails past each row's end that would win if they were read, strided
 and unaligned views, k from 1 to 4096, block sizes from 1 to 256. Ops: ``indexer_topk`` (fp32,
-bf16, fp16), ``select_candidate_blocks`` (fp32, bf16, fp16 logits), the DCP pack (the engine's ord16 select + the B' writer), the
-one-round DCP merge of simulated ranks (against the generic merge), the generic local keys, and
-``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores). Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator
-seeded from it, so a (seed, index) pair is its own reproducer.
+bf16, fp16), ``select_candidate_blocks`` (fp32, bf16, fp16 logits), the DCP pack (the engine's
+ord16 select + the B' writer), the one-round DCP merge of simulated ranks (against the generic
+merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
+Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
+a (seed, index) pair is its own reproducer.
 """
 
 from __future__ import annotations
@@ -335,7 +336,8 @@ def dcp_case(case: Case, rng: random.Random, shapes: list[tuple[int, int]]) -> s
     world, topk = rng.choice(shapes)
     simulated = case.op == "dcp_merge"
     length = draw_width(rng, 1 << 17)
-    rows = max(1, min(log_uniform(rng, 1, 64 if simulated else 300), ELEMENTS // (length * (world if simulated else 1))))
+    ranks = world if simulated else 1
+    rows = max(1, min(log_uniform(rng, 1, 64 if simulated else 300), ELEMENTS // (length * ranks)))
     dtype = rng.choice([torch.float32, torch.bfloat16])
     gen = generator(rng)
     ranks = world if simulated else 1

@@ -11,8 +11,9 @@ the one-read path and its fallback, rows kept unread, k = 1 and 4096, unaligned 
 views, and select_candidate_blocks with k = 1 (k_sel = 0); the Triton block-key pre-pass at
 block sizes 1..256; the DCP pack (Triton) and the CuTe merge of simulated ranks (W = 2, 4, 16), and
 the symmetric-memory step (push, wait, merge) over simulated ranks, a peer of other rows included;
-moe_route in each flag combination, grouped and not, fp32 and bf16; then a run of fuzzer cases (mixed batches). Every case is
-also checked against the reference, so a tool's slowdown cannot hide a wrong answer.
+moe_route in each flag combination, grouped and not, fp32 and bf16; then a run of fuzzer cases
+(mixed batches). Every case is also checked against the reference, so a tool's slowdown cannot
+hide a wrong answer.
 """
 
 from __future__ import annotations
@@ -165,7 +166,8 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
 
     gate_kernel.FRONT_TOKENS = front.MAX_TOKENS
     gemm = () if os.environ.get("TSD_SANITIZE_TOOL") == "racecheck" else (17,)
-    for experts, width, topk, groups, kept in ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)) if "front" in sections else ():
+    fronts = ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)) if "front" in sections else ()
+    for experts, width, topk, groups, kept in fronts:
         for tokens in ((1, 9, 16) if small else (1, 2, 4, 8, 9, 16)) + gemm:
             hidden = torch.randn(tokens, width, generator=gen).bfloat16().cuda()
             gate = (torch.randn(experts, width, generator=gen) * width ** -0.5).bfloat16().cuda()

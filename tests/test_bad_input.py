@@ -142,3 +142,13 @@ def test_moe_route_renormalizes_in_fp32_as_documented():
 
     doc = (Path(__file__).resolve().parent.parent / "docs" / "ops.md").read_text()
     assert "float64" not in doc and "[1.0, 5.96e-8, 5.96e-8]" in doc
+
+
+def test_page_table_entries_are_used_as_given():
+    """The documented contract (docs/ops.md): the op reads no table entry on the host, so a
+    negative entry is not refused; it gives negative slots, -1 among them (the padding's value)."""
+    scores = torch.arange(8, dtype=torch.float32)[None]  # position p scores p: the top 4 are 4..7
+    table = torch.tensor([[0, -1]], dtype=torch.int32)  # pages of 4: positions 4..7 on page "-1"
+    slots = tsd.indexer_topk_fused(scores, torch.tensor([8], dtype=torch.int32), 4, page_table=table,
+                                   page_size=4).out
+    assert slots.tolist() == [[-4, -3, -2, -1]]

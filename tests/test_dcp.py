@@ -32,7 +32,8 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
             self.local_topk, self.max_local_len = 1536, max_local_len
 
     for name, rows, width in (("a", 8, 1 << 17), ("b", 32, 4096)):
-        monkeypatch.setitem(dcp.GROUPS, (name, 2048), dcp.DcpGroup(name, 2048, 1536, rows, width, 5.0, Workspace(width)))
+        state = dcp.DcpGroup(name, 2048, 1536, rows, width, 5.0, Workspace(width))
+        monkeypatch.setitem(dcp.GROUPS, (name, 2048), state)
     assert dcp.dcp_topk_merge_max_rows(2048, 1536) == 8
     assert dcp.dcp_topk_merge_max_rows(2048, 1536, "b") == 32 and dcp.dcp_topk_merge_fits(32, 2048, 1536, "b")
     assert not dcp.dcp_topk_merge_fits(9, 2048, 1536, "a") and not dcp.dcp_topk_merge_fits(9, 2048, 1536)
@@ -174,7 +175,6 @@ def test_the_step_check_names_the_ranks_once(monkeypatch):
     """dcp_topk_merge_check decodes the one-round error word: late ranks, ranks whose step had
     another row count; it reports an error once, and only the group's (and topk's) workspaces."""
     pytest.importorskip("triton", reason="triton not installed")
-    from torch_sparse_decode.ops.dcp import kernel as kernels
 
     class Workspace:
         rank, timeout_ns = 0, int(2.5e9)

@@ -69,6 +69,22 @@ def test_a_failing_rank_fails_the_test():
         run_ranks(_fail_on_last, 2, "gloo", timeout_s=120)
 
 
+def _nothing_in_flight_after_a_refused_init(rank: int, world_size: int, group) -> None:
+    """init_dcp_topk_merge raising (ranks disagree) leaves no collective of its own in flight: the
+    next collectives of the group line up, rank for rank, with the values each rank sent."""
+    for attempt in range(3):
+        with pytest.raises(ValueError, match="topk must be the same on every rank"):
+            dcp.init_dcp_topk_merge(group, 256 + rank, max_rows=8)
+        mine = torch.tensor([rank + 10 * attempt], dtype=torch.int64)
+        gathered = [torch.zeros_like(mine) for _ in range(world_size)]
+        dist.all_gather(gathered, mine, group=group)
+        assert [int(t) for t in gathered] == [r + 10 * attempt for r in range(world_size)]
+
+
+def test_a_refused_init_leaves_no_collective_in_flight():
+    run_ranks(_nothing_in_flight_after_a_refused_init, 2, "gloo", timeout_s=120)
+
+
 def _divergent_arguments(rank: int, world_size: int, group) -> None:
     """Arguments that differ between ranks, or are bad on one rank, raise on every rank (no rank
     is left waiting in the agreement's all-reduce)."""
@@ -76,7 +92,7 @@ def _divergent_arguments(rank: int, world_size: int, group) -> None:
         dcp.init_dcp_topk_merge(group, 2048, max_rows=8 + rank)
     with pytest.raises(ValueError, match="max_local_len must be the same on every rank"):
         dcp.init_dcp_topk_merge(group, 2048, max_rows=8, max_local_len=None if rank else 4096)
-    want = r"max_rows must be in \[1, 65535\], got 0" if rank == 1 else "another rank of the group got invalid arguments"
+    want = r"max_rows must be in \[1, 65535\], got 0" if rank == 1 else "another rank of the group got invalid"
     with pytest.raises(ValueError, match=want):
         dcp.init_dcp_topk_merge(group, 2048, max_rows=0 if rank == 1 else 8)
     assert dcp.init_dcp_topk_merge(group, 2048, max_rows=8, max_local_len=4096) == 0  # then a good call agrees

@@ -193,7 +193,8 @@ def test_merge_ids_beyond_one_bitmap_chunk(world_size):
     _check_merge(x, lengths, 256)
 
 
-KIND_CASES = [(kind, 3) for kind in KINDS] + [(kind, w) for w in (2, 8) for kind in ("random", "all_equal", "nan_mixed")]
+KIND_CASES = [(kind, 3) for kind in KINDS] + [(kind, w) for w in (2, 8)
+                                              for kind in ("random", "all_equal", "nan_mixed")]
 
 
 @pytest.mark.parametrize("kind,world_size", KIND_CASES)

@@ -25,8 +25,8 @@ def test_moe_route_compiles(experts, topk):
         assert moe_route.compiled(experts, topk, renormalize, apply_sigmoid) is not None
 
 
-@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 32), (64, 1, 32, 1),
-                                                      (512, 22, 1, 1), (1024, 32, 1, 1), (8, 2, 8, 2)])
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 32),
+                                                      (64, 1, 32, 1), (512, 22, 1, 1), (1024, 32, 1, 1), (8, 2, 8, 2)])
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16])
 def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, kept, source):
     """Grouped routing, topk up to 32 of up to 1024 experts, groups of one, and bf16 / fp16 scores
@@ -292,7 +292,8 @@ def test_router_front_shared_memory_fits_sm90():
     from torch_sparse_decode.ops.moe_gate_route import front
     from torch_sparse_decode.ops.moe_route.kernel import MAX_EXPERTS, WARPS
 
-    assert front.ROUTING_SMEM == WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8 + 32 * 4 + 11 * 16
+    assert front.ROUTING_SMEM == (WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8
+                                  + 32 * 4 + 11 * 16)
     for experts, width in ((896, 7168), (256, 7168), (1024, 8192)):
         for sms in (132, 114):
             assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT

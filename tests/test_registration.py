@@ -9,20 +9,9 @@ import torch_sparse_decode as tsd
 from inputs import DEVICES
 from dcp_cases import one_rank_group
 from torch_sparse_decode import dcp
+from torch_sparse_decode._library import cuda_kernels
 
-# op -> the module of its CUDA kernel (a function of the op's name, and warm)
-CUDA_KERNELS = {
-    "moe_route": "moe_route.kernel",
-    "moe_gate_route": "moe_gate_route.kernel",
-    "select_candidate_blocks": "select_candidate_blocks.kernel",
-    "indexer_topk": "indexer_topk.kernel",
-    "decode_row_lengths": "decode_row_lengths.kernel",
-    "indexer_topk_fused": "indexer_topk_fused.kernel",
-    "select_candidate_blocks_fused": "select_candidate_blocks_fused.kernel",
-    "dcp_pack": "dcp.kernel",
-    "dcp_merge": "dcp.kernel",
-    "dcp_topk_merge": "dcp.kernel",
-}
+CUDA_KERNELS = cuda_kernels()  # op -> the module of its CUDA kernel, from the registration
 
 
 def op_cases(device):
@@ -97,7 +86,8 @@ def decode_step(router, bias, logits, ends, tokens, lengths, ranks_scores, ranks
     generic_ids = dcp.merge_generic(keys, 1)[0]
     # The full step over a (one-rank) process group, traced as one op with the group's name.
     step_ids = dcp.dcp_topk_merge(ranks_scores[0], ranks_lengths[0], 64, group)[0]
-    return weights, experts, blocks, positions, windows, mtp, global_ids, local_ids, count, generic_ids, step_ids, *grouped
+    return (weights, experts, blocks, positions, windows, mtp, global_ids, local_ids, count, generic_ids, step_ids,
+            *grouped)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -180,7 +170,8 @@ bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")
 bad("indexer_topk", _set(2, 0), ValueError, "k must be in")
 bad("indexer_topk", _set(0, lambda t: torch.empty(3, (1 << 20) + 1)), ValueError, "scores may have at most")
 bad("indexer_topk", lambda a: (torch.empty(65536, 4), torch.zeros(65536, dtype=torch.int32), 16,
-                               torch.empty(65536, 16, dtype=torch.int32)), ValueError, "scores may have at most 65535 rows")
+                               torch.empty(65536, 16, dtype=torch.int32)),
+    ValueError, "scores may have at most 65535 rows")
 bad("dcp_pack", _set(2, 17), ValueError, "world_size must be in")
 bad("dcp_pack", _set(3, 4), ValueError, "rank must be in")
 bad("dcp_pack", _set(4, 8), ValueError, "the one-round merge needs")
@@ -261,9 +252,15 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+def test_every_op_but_the_host_side_ones_has_a_cuda_kernel():
+    """The two ops without one run their reference on CUDA by design (small host-facing
+    helpers of the generic DCP merge)."""
+    assert set(tsd.registered_ops()) - set(CUDA_KERNELS) == {"dcp_local_keys", "dcp_merge_generic"}
+
+
 @pytest.mark.parametrize("op", sorted(CUDA_KERNELS))
 def test_cuda_kernel_module_contract(op):
     """Each op's kernel module defines the op's function, and ``warm`` (what warmup() calls on
     CUDA) is a function where it has one."""
-    module = importlib.import_module(f"torch_sparse_decode.ops.{CUDA_KERNELS[op]}")
+    module = importlib.import_module(CUDA_KERNELS[op])
     assert callable(getattr(module, op)) and callable(getattr(module, "warm", print))

@@ -10,7 +10,7 @@ Ops (``torch.ops.sparse_decode.*``, each with a Python wrapper here):
   output stage also writing KV slots through a page table, the raw ids and the values;
 - ``decode_row_lengths``: the valid length of each query row of an MTP / next_n decode step;
 - ``dcp``: the decode-context-parallel top-K merge (pack, one-round merge with rescue, generic
-  merge, process-group entry points and the seed's config helpers).
+  merge, process-group entry points and its config helpers).
 
 Every selection follows one order (``order``): NaN as -inf, -0.0 as +0.0, larger score first,
 then the lower id.

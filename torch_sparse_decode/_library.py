@@ -3,7 +3,7 @@
 Each op is a ``torch.library.custom_op`` that writes into caller-owned outputs and returns nothing:
 
 - the reference (pure torch) is the default implementation: the CPU kernel;
-- ``cuda`` names the module of the op's CUDA kernel (a function of the op's name, and
+- ``cuda`` names the module of the op's CUDA kernel (a function of the op's name, and optionally
   ``warm(device)``), imported on first use, so importing the package needs neither CuTe DSL nor
   Triton. Where the module cannot load, the op warns and serves CUDA tensors by its reference;
 - the fake implementation only checks the arguments (outputs already exist, nothing to allocate);
@@ -17,6 +17,7 @@ Checks read tensor metadata only (dtype, device, shape, strides): never data, so
 from __future__ import annotations
 
 import functools
+import importlib
 import numbers
 import operator
 import warnings
@@ -30,13 +31,13 @@ from .limits import TOPK_MAX_K, TOPK_MAX_ROWS, TOPK_MAX_WIDTH
 NAMESPACE = "sparse_decode"
 
 _OPS: dict[str, "torch._library.custom_ops.CustomOpDef"] = {}
-_WARMED: list[Callable[[], ModuleType]] = []  # kernel modules with a warmup hook
+_CUDA: dict[str, str] = {}  # op -> the module of its CUDA kernel
+_WARMED: list[str] = []  # kernel modules with a warmup hook
 
 
-def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None],
-              cuda: Callable[[], ModuleType] | None = None):
+def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None], cuda: str | None = None):
     """Decorator: register ``fn`` (the reference) as ``sparse_decode::name``, checked by ``check``.
-    ``cuda()`` imports the module of the CUDA kernel (see the module docstring)."""
+    ``cuda``: the module of the CUDA kernel, imported on first use (see the module docstring)."""
 
     def wrap(reference: Callable[..., None]):
         checked = _checked(reference, check)
@@ -47,15 +48,21 @@ def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]
             check(*args, **kwargs)
 
         if cuda is not None:
-            kernel = _lazy_kernel(name, cuda, reference)
-            op.register_kernel("cuda")(_checked(kernel, check))
+            _CUDA[name] = cuda
+            load = functools.partial(importlib.import_module, cuda)
+            op.register_kernel("cuda")(_checked(_lazy_kernel(name, load, reference), check))
             if cuda not in _WARMED:
                 _WARMED.append(cuda)
-                register_warmup(functools.partial(_warm_kernels, cuda))
+                register_warmup(functools.partial(_warm_kernels, load))
         _OPS[name] = op
         return op
 
     return wrap
+
+
+def cuda_kernels() -> dict[str, str]:
+    """Op name -> the module of its CUDA kernel, for every op that has one."""
+    return dict(_CUDA)
 
 
 _UNAVAILABLE: dict[str, str] = {}  # op -> why its CUDA kernel could not load (the reference serves it)

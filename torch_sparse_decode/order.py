@@ -55,7 +55,7 @@ def composite_key(score: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 def bf16_ord16(x: torch.Tensor) -> torch.Tensor:
-    """The seed's ord16 of scores rounded to bf16 (round to nearest even), then canonical, as int64.
+    """The DCP merge's ord16 of scores rounded to bf16 (round to nearest even), then canonical, as int64.
 
     Canonicalized after the rounding: a tiny negative fp32 rounds to bf16 -0.0, which must tie
     +0.0. ``ord16(s) = s | 0x8000`` for a clear sign bit, ``~s & 0xFFFF`` otherwise.

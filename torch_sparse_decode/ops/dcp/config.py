@@ -2,7 +2,7 @@
 
 Import-light on purpose: model construction asks these before any kernel exists.
 
-Packed candidate rows (the seed's "B'" layout), int32 [T, N + N/32] per rank, N a multiple of 32,
+Packed candidate rows (the "B'" layout of docs/dcp.md), int32 [T, N + N/32] per rank, N a multiple of 32,
 local index ``l`` < 2**17 (global id ``l * W + rank``):
 
 - word j < N: ``(ord16(s) << 16) | (0xFFFF - (l & 0xFFFF))`` as uint32, ``s`` the bf16 score bits

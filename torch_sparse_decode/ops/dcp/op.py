@@ -31,11 +31,6 @@ from .config import (
 _SCORES = (torch.float32, torch.bfloat16)
 
 
-def _kernel():
-    from . import kernel
-
-    return kernel
-
 
 def _check_dcp_scores(scores, lengths, world_size, rank, topk, max_length: int) -> None:
     check_tensor(scores, "scores", dtypes=_SCORES, ndim=2, contiguous=False, inner_contiguous=True)
@@ -71,7 +66,7 @@ def check_dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> N
     check_no_overlap({"packed": packed, "rescue": rescue}, {"scores": scores, "lengths": lengths})
 
 
-define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack, cuda=_kernel)(reference.dcp_pack)
+define_op("dcp_pack", ("packed", "rescue"), check_dcp_pack, cuda=f"{__package__}.kernel")(reference.dcp_pack)
 
 
 def _check_merge_outputs(rows, topk, reference_tensor, name, global_ids, local_ids, local_count, **inputs):
@@ -101,7 +96,7 @@ def check_dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_c
     _check_merge_outputs(rows, topk, gathered, "gathered", global_ids, local_ids, local_count, rescue=rescue)
 
 
-define_op("dcp_merge", ("global_ids", "local_ids", "local_count"), check_dcp_merge, cuda=_kernel)(
+define_op("dcp_merge", ("global_ids", "local_ids", "local_count"), check_dcp_merge, cuda=f"{__package__}.kernel")(
     reference.dcp_merge
 )
 
@@ -140,5 +135,5 @@ def check_dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_id
 
 
 define_op(
-    "dcp_topk_merge", ("global_ids", "local_ids", "local_count"), check_dcp_topk_merge, cuda=_kernel
+    "dcp_topk_merge", ("global_ids", "local_ids", "local_count"), check_dcp_topk_merge, cuda=f"{__package__}.kernel"
 )(reference.dcp_topk_merge)

@@ -59,7 +59,7 @@ def _as_int32(words: torch.Tensor) -> torch.Tensor:
 
 
 def _encode_b_prime(ord16: torch.Tensor, local: torch.Tensor, live: torch.Tensor, slots: int) -> torch.Tensor:
-    """The seed's B' row with ``slots`` slots (a multiple of 32): candidate words, then bit planes."""
+    """A B' row (docs/dcp.md) with ``slots`` slots (a multiple of 32): candidate words, then bit planes."""
     rows, count = ord16.shape
     words = torch.zeros(rows, slots, dtype=torch.int64, device=ord16.device)
     planes = torch.zeros(rows, slots, dtype=torch.int64, device=ord16.device)

@@ -21,13 +21,9 @@ def check_decode_row_lengths(seq_lens, next_n, out) -> None:
     check_no_overlap({"out": out}, {"seq_lens": seq_lens})
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("decode_row_lengths", ("out",), check_decode_row_lengths, cuda=_kernel)(reference.decode_row_lengths)
+define_op("decode_row_lengths", ("out",), check_decode_row_lengths, cuda=f"{__package__}.kernel")(
+    reference.decode_row_lengths)
 
 
 def decode_row_lengths(seq_lens: torch.Tensor, next_n: int, *, out: torch.Tensor | None = None) -> torch.Tensor:

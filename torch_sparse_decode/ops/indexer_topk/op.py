@@ -13,13 +13,8 @@ def check_indexer_topk(scores, lengths, k, out, row_starts=None) -> None:
     check_topk_rows(scores, "scores", SCORE_DTYPES, lengths, k, out, row_starts)
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("indexer_topk", ("out",), check_indexer_topk, cuda=_kernel)(reference.indexer_topk)
+define_op("indexer_topk", ("out",), check_indexer_topk, cuda=f"{__package__}.kernel")(reference.indexer_topk)
 
 
 def indexer_topk(

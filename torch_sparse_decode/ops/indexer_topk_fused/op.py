@@ -33,13 +33,8 @@ def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, p
                                "row_starts": row_starts})
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("indexer_topk_fused", ("out", "ids", "values"), check_indexer_topk_fused, cuda=_kernel)(
+define_op("indexer_topk_fused", ("out", "ids", "values"), check_indexer_topk_fused, cuda=f"{__package__}.kernel")(
     reference.indexer_topk_fused
 )
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from ..._library import check_is_tensor, check_no_overlap, check_output, check_same_device, check_tensor, define_op
@@ -29,14 +31,9 @@ def check_moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, nu
     check_moe_route(router_logits, bias, topk, renormalize, scale, True, num_expert_group, topk_group, weights, ids)
 
 
-def _kernel():
-    from . import kernel
-
-    return kernel
-
 
 define_op("moe_gate_route", ("weights", "ids", "router_logits"), check_moe_gate_route,
-          cuda=_kernel)(reference.moe_gate_route)
+          cuda=f"{__package__}.kernel")(reference.moe_gate_route)
 
 
 def moe_gate_route(
@@ -92,4 +89,4 @@ def moe_gate_route_check(device: torch.device | str | None = None) -> None:
     device word (a host sync): call it between steps, as a runner checks for NaNs. No-op without
     CUDA."""
     if torch.cuda.is_available():
-        _kernel().check(device)
+        importlib.import_module(f"{__package__}.kernel").check(device)

@@ -64,13 +64,8 @@ def check_route_args(topk, renormalize, scale, num_expert_group, topk_group) -> 
     return topk, num_expert_group, topk_group
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("moe_route", ("weights", "ids"), check_moe_route, cuda=_kernel)(reference.moe_route)
+define_op("moe_route", ("weights", "ids"), check_moe_route, cuda=f"{__package__}.kernel")(reference.moe_route)
 
 
 def moe_route(

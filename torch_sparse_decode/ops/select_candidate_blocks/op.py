@@ -15,13 +15,8 @@ def check_select_candidate_blocks(logits, lengths, block_size, k, out, row_start
     check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("select_candidate_blocks", ("out",), check_select_candidate_blocks, cuda=_kernel)(
+define_op("select_candidate_blocks", ("out",), check_select_candidate_blocks, cuda=f"{__package__}.kernel")(
     reference.select_candidate_blocks
 )
 
@@ -38,8 +33,8 @@ def select_candidate_blocks(
     """Candidate block selection for sparse-attention decode.
 
     Args:
-        logits: fp32, bf16 or fp16 [rows, width] token logits (widened to fp32 exactly) (unit stride in the last dim, rows <= 65535,
-            width <= 2**20); row i is valid below ``lengths[i]``.
+        logits: fp32, bf16 or fp16 [rows, width] token logits (widened to fp32 exactly) (unit stride
+            in the last dim, rows <= 65535, width <= 2**20); row i is valid below ``lengths[i]``.
         lengths: int32 [rows] valid lengths in columns (tokens), clamped to [0, width].
         block_size: columns per block, 1..256; row i has ``ceil(lengths[i] / block_size)``
             valid blocks, each scored by the max of its valid columns (NaN ignored).

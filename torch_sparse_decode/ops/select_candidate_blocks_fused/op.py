@@ -25,15 +25,9 @@ def check_select_candidate_blocks_fused(logits, lengths, block_size, k, out, ids
                                "row_starts": row_starts})
 
 
-def _kernel():
-    from . import kernel
 
-    return kernel
-
-
-define_op("select_candidate_blocks_fused", ("out", "ids"), check_select_candidate_blocks_fused, cuda=_kernel)(
-    reference.select_candidate_blocks_fused
-)
+define_op("select_candidate_blocks_fused", ("out", "ids"), check_select_candidate_blocks_fused,
+          cuda=f"{__package__}.kernel")(reference.select_candidate_blocks_fused)
 
 
 def select_candidate_blocks_fused(
