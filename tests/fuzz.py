@@ -44,6 +44,7 @@ from torch_sparse_decode.ops.select_candidate_blocks.reference import select_can
 from torch_sparse_decode.ops.select_candidate_blocks_fused.reference import (
     select_candidate_blocks_fused as blocks_fused_reference,
 )
+from torch_sparse_decode.dtypes import ROUTER_SCORES, TOPK_SCORES
 
 OPS = ("indexer_fp32", "indexer_bf16", "indexer_fp16", "blocks", "dcp_pack", "dcp_merge", "dcp_local_keys", "moe_route",
        "moe_gate_route")
@@ -272,7 +273,7 @@ def topk_case(case: Case, rng: random.Random, blocks: list[int]) -> str:
     elif op == "indexer_fp16":
         x = x.to(torch.float16)
     elif op == "blocks":
-        x = x.to(rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16]))
+        x = x.to(rng.choice([torch.float32, *TOPK_SCORES]))  # fp32 twice as often
     x = as_view(rng, x)
     case.params.update(rows=rows, width=width, k=k, block=block, stride=x.stride(0),
                        ctas=tsd_engine().cluster_size(rows, keys, sms()))
@@ -387,7 +388,7 @@ def moe_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, i
         s = torch.sigmoid(s)
     bias = rng.choice([torch.zeros(experts, device=DEVICE), 0.05 * torch.randn(experts, device=DEVICE, generator=gen),
                        family(rng.choice(FAMILIES), gen, 1, experts)[0]])
-    dtype = rng.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
+    dtype = rng.choice([torch.float32, *ROUTER_SCORES])
     s = s.to(dtype)
     weights_dtype = rng.choice([torch.float32, dtype])
     case.params.update(tokens=tokens, experts=experts, topk=topk, groups=groups, kept=kept, renormalize=renormalize,

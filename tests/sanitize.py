@@ -48,6 +48,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
 
     import torch_sparse_decode as tsd
     from torch_sparse_decode import dcp
+    from torch_sparse_decode.dtypes import TOPK_SCORES
 
     bad = 0
 
@@ -60,7 +61,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     gen = torch.Generator().manual_seed(0)
     widths = [3000, 12000, 40000, 300001] if small else [6000, 12000, 98307, 1 << 19]
     for width in widths if "topk" in sections else ():  # cluster sizes 1, 2, 4, 8 at 6 rows
-        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for dtype in TOPK_SCORES:
             x = torch.randn(6, width + 1, generator=gen)[:, 1:]
             x[1] = torch.arange(width).flip(0).float()  # descending: the first CTA's gate is highest
             x[2] = 0.5  # all equal: the tie-heavy passes

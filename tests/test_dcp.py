@@ -5,6 +5,7 @@ import oracle
 from dcp_cases import count_saturated, mixed, one_rank_group, saturating, shuffled
 from inputs import DEVICES, KINDS
 from torch_sparse_decode import dcp
+from torch_sparse_decode.dtypes import DCP_SCORES
 
 
 def test_config_helpers_match_the_seed():
@@ -214,7 +215,7 @@ def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     monkeypatch.setattr(dcp_merge, "compiled", lambda *args: asked.append(args))
     kernels.warm_step(4, 2048)
     engines = {(dtype, ranks) for (dtype, pinned, ranks), kw in asked[:-1] if kw == {"ord16": True} and not pinned}
-    assert engines == {(d, r) for d in (torch.float32, torch.bfloat16) for r in topk.CLUSTER_SIZES}
+    assert engines == {(d, r) for d in DCP_SCORES for r in topk.CLUSTER_SIZES}
     assert asked[-1] == (4, 2048, True)
 
 

@@ -28,6 +28,7 @@ pytest.importorskip("triton", reason="triton not installed")
 from torch_sparse_decode.ops.dcp import kernel as kernels  # noqa: E402  (after the importorskip)
 from torch_sparse_decode.ops.dcp import step as dcp_step  # noqa: E402
 from torch_sparse_decode.ops.dcp.pack import _ord16 as _pack_ord16  # noqa: E402
+from torch_sparse_decode.dtypes import DCP_SCORES
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
@@ -417,7 +418,7 @@ def test_the_step_pack_compiles_once_per_score_dtype():
         pytest.skip("this Triton keeps its kernel cache elsewhere")
     group = simulated_group(2, 256, max_rows=4, device=DEVICE)
     device = torch.cuda.current_device()
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in DCP_SCORES:
         wide = torch.randn(4, 1000, device=DEVICE).to(dtype)
         for width, first in ((64, 0), (63, 0), (1, 0), (600, 1), (999, 1)):
             x = wide[:, first:first + width]

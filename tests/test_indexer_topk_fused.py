@@ -8,6 +8,7 @@ import torch
 import oracle
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, same_bits, scores
+from torch_sparse_decode.dtypes import TOPK_SCORES
 
 
 def page_table(rows: int, width: int, page_size: int, seed: int) -> torch.Tensor:
@@ -56,7 +57,7 @@ def check(x, lengths, k, page_size, device, starts=None, seed=0):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("page_size", [1, 16, 64])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", TOPK_SCORES)
 def test_slots_ids_and_values(device, kind, page_size, dtype):
     width, k = 3000, 100
     lengths = torch.tensor([0, 1, k - 1, k, k + 1, width, width - 7, 1500], dtype=torch.int32)
@@ -133,6 +134,6 @@ def test_values_are_compared_bit_for_bit():
     from keys, which do not)."""
     nan = torch.tensor([float("nan")])
     other_nan = (nan.view(torch.int32) ^ 1).view(torch.float32)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in TOPK_SCORES:
         assert not same_bits(torch.tensor([-0.0], dtype=dtype), torch.tensor([0.0], dtype=dtype))
     assert not same_bits(nan, other_nan) and same_bits(nan, nan.clone())

@@ -15,6 +15,7 @@ from torch_sparse_decode.ops.moe_route import kernel as moe_route  # noqa: E402
 
 pytest.importorskip("triton", reason="triton not installed")
 from torch_sparse_decode.kernels import topk  # noqa: E402
+from torch_sparse_decode.dtypes import ROUTER_SCORES  # noqa: E402
 
 MOE_CONFIGS = [(896, 16), (384, 8), (256, 8), (1024, 16), (160, 6), (8, 8), (1, 1), (17, 16)]
 
@@ -27,7 +28,7 @@ def test_moe_route_compiles(experts, topk):
 
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 32),
                                                       (64, 1, 32, 1), (512, 22, 1, 1), (1024, 32, 1, 1), (8, 2, 8, 2)])
-@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("source", ROUTER_SCORES)
 def test_moe_route_compiles_grouped_and_in_every_dtype(experts, topk, groups, kept, source):
     """Grouped routing, topk up to 32 of up to 1024 experts, groups of one, and bf16 / fp16 scores
     with weights and bias in the scores' dtype or fp32."""

@@ -228,8 +228,22 @@ def test_wrappers_check_before_allocating():
                                     out=torch.empty(2, 5, dtype=torch.int32))
 
 
-def test_warmup_runs_on_cpu():
-    assert tsd.warmup("cpu") >= 1
+def test_warmup_runs_every_op_but_the_process_group_step():
+    """warmup() runs each op once (on the CPU: each reference) and touches no process group, so
+    the full DCP step is the one op it leaves to init_dcp_topk_merge."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ran = set()
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "sparse_decode":
+                ran.add(func._opname)
+            return func(*args, **(kwargs or {}))
+
+    with Spy():
+        assert tsd.warmup("cpu") >= 1
+    assert set(tsd.registered_ops()) - ran == {"dcp_topk_merge"}
 
 
 def test_import_and_cpu_ops_need_no_kernel_toolkit():

@@ -67,6 +67,9 @@ def _run_every_op(device: torch.device) -> None:
     ends = torch.tensor([1 << 17, 9000, 64, 0], dtype=torch.int32, device=device)
     select_candidate_blocks(logits, ends, 64, 2048)
     indexer_topk(logits, ends, 2048)
+    pages = torch.arange(4 * 2048, dtype=torch.int32, device=device).view(4, 2048)  # pages of 64
+    indexer_topk_fused(logits, ends, 2048, page_table=pages, page_size=64, ids=True, values=True)
+    select_candidate_blocks_fused(logits, ends, 64, 2048, pages, ids=True)
     decode_row_lengths(ends, 2)
     world, local = 4, torch.randn(4, 4, 16384, generator=gen).to(device)
     lengths = torch.full((world, 4), 16384, dtype=torch.int32, device=device)

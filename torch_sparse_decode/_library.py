@@ -290,7 +290,6 @@ def check_no_overlap(outputs: dict[str, torch.Tensor], inputs: dict[str, torch.T
 
 
 INT32 = (torch.int32,)
-SCORE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # the top-k ops' scores, widened exactly
 
 
 def check_lengths(lengths: object, name: str, rows: int) -> torch.Tensor:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ._library import check_int, check_scalar
+from .dtypes import DCP_SCORES
 from .limits import TOPK_MAX_K, TOPK_MAX_ROWS
 from .ops.dcp.reference import DcpStepError, check_step
 from .ops.dcp.reference import all_gather_rows as _all_gather
@@ -330,7 +331,7 @@ def init_dcp_topk_merge(group, topk: int, max_rows: int, *, max_local_len: int |
     if local_topk:
         kernel.warm_step(world_size, topk)  # no compile may happen inside a graph capture
         # Steps in lockstep on every rank, both score dtypes: they prove the exchange.
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in DCP_SCORES:
             warm = torch.zeros(1, 64, dtype=dtype, device=device)
             dcp_topk_merge(warm, torch.full((1,), 64, dtype=torch.int32, device=device), topk, group)
     else:

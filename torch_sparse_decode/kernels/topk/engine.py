@@ -10,6 +10,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Int32, Int64, Uint32
 
+from ...dtypes import DCP_SCORES
 from ..compile import cached_kernel, fake_stream, fake_tensor
 from ..cute import begin_marks, block_exclusive, stamp, zero_fill
 from .cluster import cluster_sync, load_rank
@@ -359,7 +360,7 @@ def catalog(target) -> list[tuple]:
         for source in SOURCES:
             configs.append((source, source is torch.int32, ctas))
             configs.append((source, source is torch.int32, ctas, False, False, True))
-        for source in (torch.float32, torch.bfloat16):
+        for source in DCP_SCORES:
             configs.append((source, False, ctas, True))
     return configs
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, Uint32
+from cutlass import Int32, Uint32
+
+from ...dtypes import BLOCK_KEYS, TOPK_SCORES, cute_type
 
 THREADS = 512
 WARPS = THREADS // 32
@@ -30,7 +30,7 @@ ONE_READ_FROM = 2 * TILE
 MAX_TILES = (1 << 20) // TILE + 1  # a span's tiles: widths <= 2**20, the first tile may start before it
 NO_COPY = 0xFFFFFFFF  # count_digit's ``high`` when it copies nothing (no key is above it)
 ID_BITS = 20  # ids < 2**20; the gated copy tags each with its part (< MAX_TILES * WARPS < 2**12) above them
-SOURCES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16, torch.int32: Int32}
+SOURCES = {dtype: cute_type(dtype) for dtype in (*TOPK_SCORES, BLOCK_KEYS)}  # torch dtype -> the engine's source type
 # Where a profiled build (RadixTopk(profile=True)) stamps the clock: the end of each phase, as
 # cycles since the kernel began (0 for a phase the row did not take).
 PHASES = ("first attempt failed", "gated pass + index order", "exchange", "digits from the copies",

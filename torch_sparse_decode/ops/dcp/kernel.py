@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from ...dtypes import DCP_SCORES
 from . import reference
 from .config import (GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_slots, packed_row_words,
                      rescue_row_slots)
@@ -78,7 +79,7 @@ def warm_step(world_size: int, topk: int) -> None:
     from .merge import compiled
 
     for ctas in engine.CLUSTER_SIZES:
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in DCP_SCORES:
             engine.compiled(dtype, False, ctas, ord16=True)
     if MERGE_KERNEL == "cute":
         compiled(world_size, topk, True)
@@ -90,7 +91,7 @@ def warm(device: torch.device) -> None:
     world_size, topk, width = 2, 2048, 4096
     n = dcp_merge_local_topk(topk, world_size)
     lengths = torch.full((1,), width, dtype=torch.int32, device=device)
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in DCP_SCORES:
         scores = torch.zeros(1, width, dtype=dtype, device=device)
         packed = torch.empty(world_size, 1, packed_row_words(n), dtype=torch.int32, device=device)
         rescue = torch.empty(world_size, 1, packed_row_words(rescue_row_slots(topk)), dtype=torch.int32, device=device)

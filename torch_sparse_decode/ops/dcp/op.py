@@ -18,6 +18,7 @@ from ..._library import (
     check_tensor,
     define_op,
 )
+from ...dtypes import DCP_SCORES
 from ...limits import TOPK_MAX_K
 from . import reference
 from .config import (
@@ -28,12 +29,11 @@ from .config import (
     rescue_row_slots,
 )
 
-_SCORES = (torch.float32, torch.bfloat16)
 
 
 
 def _check_dcp_scores(scores, lengths, world_size, rank, topk, max_length: int) -> None:
-    check_tensor(scores, "scores", dtypes=_SCORES, ndim=2, contiguous=False, inner_contiguous=True)
+    check_tensor(scores, "scores", dtypes=DCP_SCORES, ndim=2, contiguous=False, inner_contiguous=True)
     check_rows(scores.shape[0], "scores")
     if scores.shape[1] > max_length:
         raise ValueError(f"scores may have at most {max_length} local tokens (columns), got {scores.shape[1]}")

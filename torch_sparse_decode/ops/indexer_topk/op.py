@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import SCORE_DTYPES, check_int, check_topk_rows, define_op, topk_out
+from ..._library import check_int, check_topk_rows, define_op, topk_out
+from ...dtypes import TOPK_SCORES
 from ...limits import TOPK_MAX_K
 from . import reference
 
 
 def check_indexer_topk(scores, lengths, k, out, row_starts=None) -> None:
-    check_topk_rows(scores, "scores", SCORE_DTYPES, lengths, k, out, row_starts)
+    check_topk_rows(scores, "scores", TOPK_SCORES, lengths, k, out, row_starts)
 
 
 

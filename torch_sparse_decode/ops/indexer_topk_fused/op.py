@@ -7,14 +7,15 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..._library import SCORE_DTYPES, check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
+from ..._library import check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
     define_op, topk_out
+from ...dtypes import TOPK_SCORES
 from ...limits import TOPK_MAX_K
 from . import reference
 
 
 def check_indexer_topk_fused(scores, lengths, k, out, ids, values, page_table, page_size, row_starts=None) -> None:
-    check_topk_rows(scores, "scores", SCORE_DTYPES, lengths, k, out, row_starts)
+    check_topk_rows(scores, "scores", TOPK_SCORES, lengths, k, out, row_starts)
     rows = scores.shape[0]
     outputs = {"out": out}
     if page_table is None:

@@ -40,10 +40,11 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float16, Float32, Int32, Int64, Uint32
+from cutlass import Float32, Int32, Int64, Uint32
 
 from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
+from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 
 THREADS = 256
@@ -51,7 +52,6 @@ WARPS = THREADS // 32
 
 
 KEY_NONE = -(1 << 63)  # below every real key
-DTYPES = {torch.float32: Float32, torch.bfloat16: BFloat16, torch.float16: Float16}
 SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshold groups
 
 
@@ -349,7 +349,7 @@ def catalog(target: Target) -> list[tuple]:
     configs = []
     for model in target.models:
         groups, kept = (model.groups, model.topk_group) if model.groups > 1 else (1, 1)
-        for source in (torch.float32, torch.bfloat16):
+        for source in WARM_SCORES:
             for apply_sigmoid in (False, True):
                 configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source))
     return configs
@@ -361,9 +361,9 @@ def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, gr
              weights_dtype: torch.dtype = torch.float32):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
     tokens = cute.sym_int()
-    scores = fake_tensor(DTYPES[source], (tokens, experts), (experts, 1))
-    bias = fake_tensor(DTYPES[bias_dtype], (experts,), (1,))
-    weights = fake_tensor(DTYPES[weights_dtype], (tokens, topk), (topk, 1))
+    scores = fake_tensor(cute_type(source), (tokens, experts), (experts, 1))
+    bias = fake_tensor(cute_type(bias_dtype), (experts,), (1,))
+    weights = fake_tensor(cute_type(weights_dtype), (tokens, topk), (topk, 1))
     ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
     kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group)
     return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")

@@ -16,15 +16,15 @@ from ..._library import (
     check_tensor,
     define_op,
 )
+from ...dtypes import ROUTER_SCORES
 from ...limits import MOE_MAX_EXPERTS, MOE_MAX_GROUPS, MOE_MAX_TOPK
 from . import reference
 
-_SCORES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def check_moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group,
                     weights, ids) -> None:
-    check_tensor(scores, "scores", dtypes=_SCORES, ndim=2)
+    check_tensor(scores, "scores", dtypes=ROUTER_SCORES, ndim=2)
     tokens, experts = scores.shape
     if not 1 <= experts <= MOE_MAX_EXPERTS:
         raise ValueError(f"scores must have 1 to {MOE_MAX_EXPERTS} experts (columns), got {experts}")

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...dtypes import TOPK_SCORES
 from ...kernels import topk as engine
 
 
@@ -86,7 +87,7 @@ def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_s
 def warm(device: torch.device) -> None:
     """Compile the decode shapes' block-key kernels (Triton; the engine is in its catalog)."""
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+    for dtype in TOPK_SCORES:
         x = torch.zeros(1, 1 << 15, device=device, dtype=dtype)
         for block in (8, 64):
             block_keys(x, n, block)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import SCORE_DTYPES, check_int, check_topk_rows, define_op, topk_out
+from ..._library import check_int, check_topk_rows, define_op, topk_out
+from ...dtypes import TOPK_SCORES
 from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from . import reference
 
 
 def check_select_candidate_blocks(logits, lengths, block_size, k, out, row_starts=None) -> None:
-    check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out, row_starts)
+    check_topk_rows(logits, "logits", TOPK_SCORES, lengths, k, out, row_starts)
     check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from ..._library import SCORE_DTYPES, check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
+from ..._library import check_int, check_no_overlap, check_output, check_table, check_topk_rows, \
     define_op, topk_out
+from ...dtypes import TOPK_SCORES
 from ...limits import MAX_BLOCK_SIZE, TOPK_MAX_K
 from ..indexer_topk_fused.op import FusedTopk
 from . import reference
@@ -14,7 +15,7 @@ from . import reference
 
 def check_select_candidate_blocks_fused(logits, lengths, block_size, k, out, ids, block_table,
                                         row_starts=None) -> None:
-    check_topk_rows(logits, "logits", SCORE_DTYPES, lengths, k, out, row_starts)
+    check_topk_rows(logits, "logits", TOPK_SCORES, lengths, k, out, row_starts)
     block_size = check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
     rows = logits.shape[0]
     check_table(block_table, "block_table", logits, "logits", block_size, "blocks")
