@@ -166,3 +166,24 @@ def test_warmup_compiles_what_the_cache_lacks_in_parallel_then_loads_it(tmp_path
     assert build_kernels.warm_catalogs(torch.device("cuda", 0)) == len(catalog)
     assert len(list(tmp_path.glob("tsd_moe_route_*.o"))) == 20
     helper.clear_memory()
+
+
+def test_warmup_compiles_in_process_when_the_parallel_build_times_out(tmp_path, monkeypatch):
+    """A parallel build that does not finish within its bound never hangs warmup(): it warns and
+    compiles what is left itself."""
+    from torch_sparse_decode.ops.moe_route import kernel as route
+
+    def never_done(*args, **kwargs):
+        raise subprocess.TimeoutExpired(args[0], kwargs.get("timeout"))
+
+    model = helper.RoutedModel("DeepSeek-V3", 256, 8, 8, 4)
+    monkeypatch.setenv("TORCH_SPARSE_DECODE_CACHE", str(tmp_path))
+    monkeypatch.setenv(build_kernels.JOBS_ENV, "2")
+    monkeypatch.setattr(helper, "device_target", lambda device: helper.Target("sm_90a", 132, (model,)))
+    monkeypatch.setattr(helper, "import_kernels", lambda: {"moe_route": route.compiled})
+    monkeypatch.setattr(build_kernels.subprocess, "run", never_done)
+    helper.clear_memory()
+    with pytest.warns(UserWarning, match="no result within 3600 s"):
+        assert build_kernels.warm_catalogs(torch.device("cuda", 0)) == 4
+    assert len(list(tmp_path.glob("tsd_moe_route_*.o"))) == 4  # compiled here, and stored
+    helper.clear_memory()

@@ -196,13 +196,19 @@ def _byte_span(t: torch.Tensor) -> tuple[int, int]:
 _OVERLAP_VISITS = 1 << 14  # blocks _touches looks at before it calls a strange layout overlapping
 
 
+def _dims(t: torch.Tensor) -> list[tuple[int, int]]:
+    """``t``'s dimensions as (size, byte stride), largest stride first, without the ones that
+    repeat no element (size 1, stride 0)."""
+    item = t.element_size()
+    return sorted(((n, s * item) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0), key=lambda d: -d[1])
+
+
 def _touches(t: torch.Tensor, lo: int, hi: int) -> bool:
     """Whether an element of ``t`` occupies a byte of [lo, hi): exact, by walking ``t``'s
     dimensions from the largest stride and skipping every block that lies wholly outside or
     wholly inside the range (for a layout whose blocks do not interleave, at most two a
     dimension). A layout that needs more than _OVERLAP_VISITS blocks counts as touching."""
-    item = t.element_size()
-    dims = sorted(((n, s * item) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0), key=lambda d: -d[1])
+    item, dims = t.element_size(), _dims(t)
     reach = [item] * (len(dims) + 1)  # reach[k]: bytes from a block's first element to its end, dims k..
     for k in range(len(dims) - 1, -1, -1):
         reach[k] = reach[k + 1] + (dims[k][0] - 1) * dims[k][1]
@@ -227,9 +233,8 @@ def _touches(t: torch.Tensor, lo: int, hi: int) -> bool:
 def _runs(t: torch.Tensor) -> list[tuple[int, int]] | None:
     """The byte ranges of ``t``'s contiguous runs (its dense inner dimensions), or None when
     there are more than _OVERLAP_VISITS of them."""
-    item = t.element_size()
-    dims = sorted(((n, s * item) for n, s in zip(t.shape, t.stride()) if n > 1 and s != 0), key=lambda d: -d[1])
-    run = item
+    dims = _dims(t)
+    run = t.element_size()
     while dims and dims[-1][1] == run:
         run *= dims.pop()[0]
     starts = [t.data_ptr()]

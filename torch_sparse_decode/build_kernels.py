@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 JOBS_ENV = "TORCH_SPARSE_DECODE_COMPILE_JOBS"  # processes warmup() compiles with (1: in its own)
+BUILD_TIMEOUT_S = 3600  # warmup()'s bound on the parallel build; past it, the process compiles what is left
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Built:
     job: Job
     seconds: float  # 0 when the object was already there
     bytes: int
+    digest: str = ""  # --ptx: the sha256 of the PTX
 
 
 def plan(archs: list[str], sms: dict[str, list[int]], models: tuple, kernels: list[str] | None = None,
@@ -109,7 +111,7 @@ def _build(job: Job) -> Built:
 
 def _ptx(job: Job) -> Built:
     """In a worker started for ``--ptx``: compile ``job`` afresh, keep its PTX (the entry's name
-    replaced) in the cache folder, and return its size; ``seconds`` carries its sha256."""
+    replaced) in the cache folder."""
     import hashlib
     import re
     import tempfile
@@ -125,7 +127,7 @@ def _ptx(job: Job) -> Built:
     text = text.replace(re.search(r"\.entry (\w+)\(", text).group(1), "KERNEL")
     tag = hashlib.sha256(repr(job.config).encode()).hexdigest()[:12]
     (cache_dir() / f"{job.arch}-{job.kernel}-{tag}.ptx").write_text(text)
-    return Built(job, hashlib.sha256(text.encode()).hexdigest(), len(text))
+    return Built(job, 0.0, len(text), hashlib.sha256(text.encode()).hexdigest())
 
 
 def _describe(config: tuple) -> str:
@@ -146,7 +148,7 @@ def build(jobs: list[Job], out: Path, processes: int, log=print, ptx: bool = Fal
                 built = future.result()
                 done.append(built)
                 job = built.job
-                took = built.seconds[:12] if ptx else f"{built.seconds:5.1f} s" if built.seconds else "   there"
+                took = built.digest[:12] if ptx else f"{built.seconds:5.1f} s" if built.seconds else "   there"
                 log(f"[{len(done)}/{len(jobs)}] {arch} {took}  {job.kernel} {_describe(job.config)}")
     return done
 
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     log = (lambda line: None) if args.quiet else print
     if args.ptx:
         done = build(jobs, args.ptx, max(args.jobs, 1), log, ptx=True)
-        lines = sorted(f"{b.seconds}  {b.job.arch} {b.job.kernel} {_describe(b.job.config)}" for b in done)
+        lines = sorted(f"{b.digest}  {b.job.arch} {b.job.kernel} {_describe(b.job.config)}" for b in done)
         (args.ptx / "manifest.txt").write_text("\n".join(lines) + "\n")
         print(f"PTX of {len(done)} configurations in {args.ptx} ({args.ptx / 'manifest.txt'})")
         return 0
@@ -222,11 +224,15 @@ def warm_catalogs(device) -> int:
                    "--out", str(folder), "--jobs", str(processes), "--kernels", ",".join(dict.fromkeys(missing)),
                    "--quiet"]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-        result = subprocess.run(command, env=env, capture_output=True, text=True)
-        if result.returncode != 0:  # compile here instead, one at a time
+        try:
+            result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+            failure = result.stderr[-2000:] if result.returncode != 0 else ""
+        except subprocess.TimeoutExpired:
+            failure = f"no result within {BUILD_TIMEOUT_S} s"
+        if failure:  # compile what is left here instead, one at a time
             import warnings
 
-            warnings.warn(f"torch_sparse_decode: the parallel kernel build failed ({result.stderr[-2000:]}); "
+            warnings.warn(f"torch_sparse_decode: the parallel kernel build failed ({failure}); "
                           "compiling in this process")
     for kernel, config in todo:
         kernel(*config)

@@ -140,6 +140,7 @@ def source_files(module: str, path: Path) -> tuple[Path, ...]:
     return tuple(sorted(seen))
 
 
+@functools.cache  # once per kernel and process, as the files are read once
 def _source_digest(build: Callable[..., Any]) -> str:
     path = Path(inspect.getsourcefile(build)).resolve()
     digest = hashlib.sha256()
@@ -165,6 +166,11 @@ class RoutedModel:
     topk_group: int = 1
     hidden: int = 7168
     renormalize: bool = True
+
+    @property
+    def grouping(self) -> tuple[int, int]:
+        """(groups, kept) as the kernels take them: (1, 1) for ungrouped routing."""
+        return (self.groups, self.topk_group) if self.groups > 1 else (1, 1)
 
 
 # The models whose routing warmup() loads and build_kernels builds (``--route`` adds more).

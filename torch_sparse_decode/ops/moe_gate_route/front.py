@@ -262,7 +262,7 @@ def catalog(target: Target) -> list[tuple]:
     configs = []
     for model in target.models:
         ctas = ctas_for(model.experts, target.sms)
-        groups, kept = (model.groups, model.topk_group) if model.groups > 1 else (1, 1)
+        groups, kept = model.grouping
         if fits(model.experts, model.hidden, ctas, CHUNK):  # as the op asks (moe_gate_route's uses_front)
             for chunk in sorted({chunk_for(tokens) for tokens in range(1, MAX_TOKENS + 1)}):
                 configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk))

@@ -348,7 +348,7 @@ def catalog(target: Target) -> list[tuple]:
     router logits (``apply_sigmoid``), in fp32 or bf16; fp32 bias and weights."""
     configs = []
     for model in target.models:
-        groups, kept = (model.groups, model.topk_group) if model.groups > 1 else (1, 1)
+        groups, kept = model.grouping
         for source in WARM_SCORES:
             for apply_sigmoid in (False, True):
                 configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source))
