@@ -130,12 +130,12 @@ def simulated(results: str, quick: bool) -> None:
     """The merge kernel alone, W ranks simulated on one GPU (rescue rows through the address table):
     the shipped CuTe merge beside the Triton one (the CPU interpreter's twin)."""
     from torch_sparse_decode import dcp
-    from torch_sparse_decode.ops.dcp import kernel as kernels
+    from torch_sparse_decode.ops.dcp import kernel as kernels, launch
 
-    shipped = kernels.MERGE_KERNEL
+    shipped = launch.MERGE_KERNEL
     merges = ("cute", "triton")
     table = Table(f"DCP merge kernel alone, simulated W ranks, K = {K} (us per call; shipped: {shipped}; "
-                  f"Triton at {kernels.MERGE_WARPS} warps)",
+                  f"Triton at {launch.MERGE_WARPS} warps)",
                   ["W", "T", *(f"merge, {m}" for m in merges), "candidates per row"], SAME_INPUTS)
     for world_size in (2, 4, 8, 16):
         for rows in (1, 8) if quick else (1, 8, 32):

@@ -70,10 +70,10 @@ def main() -> int:
         n, slots = dcp_merge_local_topk(k, world_size), rescue_row_slots(k)
         for exchange in (False, True):
             scores = "*bf16" if exchange else "*fp32"
-            build(dcp_pack._pack_rows, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
+            build(dcp_pack.pack_kernel, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
                                                                         SLOTS=max(triton.next_power_of_2(slots), 32),
                                                                         EXCHANGE=exchange, EARLY_MERGE=exchange))
-            build(dcp_merge_triton._dcp_merge, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
+            build(dcp_merge_triton.merge_kernel, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
                                               NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,
                                               EXCHANGE=exchange))

@@ -1,5 +1,5 @@
 """DCP inputs: random rows, cross-rank ties, NaN/inf, short rows, and rows built so that the
-maximum number of ranks, rescue_slots(K, N), saturate."""
+maximum number of ranks, max_saturated_ranks(K, N), saturate."""
 
 from __future__ import annotations
 
@@ -7,18 +7,18 @@ import torch
 
 from inputs import scores
 from torch_sparse_decode.ops.dcp import reference
-from torch_sparse_decode.dcp import dcp_merge_local_topk, pack_candidates, rescue_slots
+from torch_sparse_decode.dcp import dcp_merge_local_topk, max_saturated_ranks, pack_candidates
 
 
 def saturating(world_size: int, topk: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows where rescue_slots(K, N) ranks hold every token of the global top-K.
+    """Rows where max_saturated_ranks(K, N) ranks hold every token of the global top-K.
 
     Row 0: the hot ranks' scores sit far above everyone else's.
     Row 1: only the hot ranks have tokens, so the sent union is short of K (every full rank saturates).
     Row 2: the hot ranks tie on one value above everyone, so ties decide across ranks.
     """
     n = dcp_merge_local_topk(topk, world_size)
-    hot = rescue_slots(topk, n)
+    hot = max_saturated_ranks(topk, n)
     gen = torch.Generator().manual_seed(seed)
     x = torch.rand(world_size, 3, length, generator=gen)
     lengths = torch.full((world_size, 3), length, dtype=torch.int32)

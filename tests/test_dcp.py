@@ -6,6 +6,7 @@ from dcp_cases import count_saturated, mixed, one_rank_group, saturating, shuffl
 from inputs import DEVICES, KINDS
 from torch_sparse_decode import dcp
 from torch_sparse_decode.dtypes import DCP_SCORES
+from torch_sparse_decode.ops.dcp.config import GROUPS
 
 
 def test_config_helpers_match_the_seed():
@@ -15,7 +16,7 @@ def test_config_helpers_match_the_seed():
     assert dcp.dcp_merge_local_topk(64, 2) == 0  # 64 would not be smaller than topk
     assert dcp.dcp_merge_local_topk(64, 4) == 32
     assert dcp.packed_row_words(1536) == 1584 and dcp.packed_row_words(32) == 33
-    assert [dcp.rescue_slots(2048, n[w]) for w in (2, 3, 4, 8, 16)] == [1, 1, 2, 5, 10]
+    assert [dcp.max_saturated_ranks(2048, n[w]) for w in (2, 3, 4, 8, 16)] == [1, 1, 2, 5, 10]
     assert dcp.dcp_topk_merge_max_rows(2048, 999) == 0
     assert not dcp.dcp_topk_merge_fits(1, 2048, 0)
     assert not dcp.dcp_topk_merge_fits(1, 2048, 999)
@@ -34,7 +35,7 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
 
     for name, rows, width in (("a", 8, 1 << 17), ("b", 32, 4096)):
         state = dcp.DcpGroup(name, 2048, 1536, rows, width, 5.0, Workspace(width))
-        monkeypatch.setitem(dcp.GROUPS, (name, 2048), state)
+        monkeypatch.setitem(GROUPS, (name, 2048), state)
     assert dcp.dcp_topk_merge_max_rows(2048, 1536) == 8
     assert dcp.dcp_topk_merge_max_rows(2048, 1536, "b") == 32 and dcp.dcp_topk_merge_fits(32, 2048, 1536, "b")
     assert not dcp.dcp_topk_merge_fits(9, 2048, 1536, "a") and not dcp.dcp_topk_merge_fits(9, 2048, 1536)
@@ -43,7 +44,7 @@ def test_fit_is_per_group_and_the_kernel_asks_the_same_helper(monkeypatch):
 
     taken = []
     monkeypatch.setattr(kernels, "one_round_step", lambda *args: taken.append("one-round"))
-    monkeypatch.setattr(kernels.reference, "dcp_topk_merge", lambda *args: taken.append("generic"))
+    monkeypatch.setattr(kernels, "generic_step", lambda *args: taken.append("generic"))
     steps = (("a", 8, 64), ("a", 9, 64), ("a", 8, 1 << 17), ("a", 8, (1 << 17) + 1), ("b", 9, 4096), ("b", 9, 4097),
              ("c", 1, 64))
     for name, rows, width in steps:
@@ -119,7 +120,7 @@ def test_max_saturation(device, world_size, topk):
         pytest.skip("no one-round merge for this (topk, world_size)")
     x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 77, seed=world_size)
     saturated = count_saturated(world_size, topk, x, lengths)
-    assert saturated.tolist() == [dcp.rescue_slots(topk, n)] * 3
+    assert saturated.tolist() == [dcp.max_saturated_ranks(topk, n)] * 3
     check_all_paths(x, lengths, topk, device)
 
 
@@ -190,7 +191,7 @@ def test_the_step_check_names_the_ranks_once(monkeypatch):
     group = one_rank_group()
     g = group.group_name
     for (name, topk), error in (((g, 2048), 1 << 3 | 1 << 5 | 1 << 17), ((g, 512), 1), ((g + "-other", 2048), 1)):
-        monkeypatch.setitem(dcp.GROUPS, (name, topk), dcp.DcpGroup(name, topk, 1, 8, None, 2.5, Workspace(error)))
+        monkeypatch.setitem(GROUPS, (name, topk), dcp.DcpGroup(name, topk, 1, 8, None, 2.5, Workspace(error)))
     with pytest.raises(dcp.DcpStepError, match=r"rank\(s\) 3, 5 did not send their rows within 2.5 s .*; "
                                                r"rank\(s\) 1 sent a step with another row count"):
         dcp.dcp_topk_merge_check(group, 2048)
@@ -203,7 +204,7 @@ def test_every_variant_a_step_takes_is_compiled_at_init(monkeypatch):
     """The engine picks its cluster size from CLUSTER_SIZES only, and warm_step compiles the ord16
     engine at each of them for both score dtypes, and the step's merge."""
     pytest.importorskip("triton", reason="triton not installed")
-    from torch_sparse_decode.ops.dcp import kernel as kernels
+    from torch_sparse_decode.ops.dcp import step as kernels
     from torch_sparse_decode.kernels import topk
     from torch_sparse_decode.ops.dcp import merge as dcp_merge
 
@@ -225,19 +226,19 @@ def test_init_builds_the_workspace_and_warms_the_step_where_every_rank_agrees(mo
     makes the group's workspace, compiles the step's variants, then runs the warm steps (one per
     score dtype) on the one-round path. (It once called the workspace maker through a module that
     did not define it, an AttributeError no single-GPU test reached.)"""
-    from torch_sparse_decode.ops.dcp import kernel, step
+    from torch_sparse_decode.ops.dcp import group as dcp_group, step
 
     group = one_rank_group()
     calls = []
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
-    monkeypatch.setattr(dcp, "_local_support", lambda *args: (True, ""))
-    monkeypatch.setattr(dcp, "_agree", lambda *args: True)
+    monkeypatch.setattr(dcp_group, "_local_support", lambda *args: (True, ""))
+    monkeypatch.setattr(dcp_group, "_agree", lambda *args: True)
     monkeypatch.setattr(step, "make_workspace", lambda *args: calls.append(("workspace", args[1], args[3])) or "ws")
-    monkeypatch.setattr(kernel, "warm_step", lambda *args: calls.append(("warm", *args)))
-    monkeypatch.setattr(dcp, "dcp_topk_merge", lambda scores, *args: calls.append(("step", scores.dtype)))
+    monkeypatch.setattr(step, "warm_step", lambda *args: calls.append(("warm", *args)))
+    monkeypatch.setattr(dcp_group, "_warm_step", lambda group, topk, dtype: calls.append(("step", dtype)))
     try:
         assert dcp.init_dcp_topk_merge(group, 2048, 8) == dcp.dcp_merge_local_topk(2048, 2)
         assert dcp.dcp_group(group, 2048).workspace == "ws"
     finally:
-        dcp.GROUPS.pop((group.group_name, 2048), None)
+        GROUPS.pop((group.group_name, 2048), None)
     assert calls == [("workspace", 2, 2048), ("warm", 2, 2048), ("step", torch.float32), ("step", torch.bfloat16)]

@@ -15,6 +15,7 @@ import oracle
 from dcp_cases import count_saturated, mixed, saturating
 from multiproc import run_ranks
 from torch_sparse_decode import dcp
+from torch_sparse_decode.ops.dcp import group as dcp_group
 
 
 def _cases(world_size: int):
@@ -22,7 +23,7 @@ def _cases(world_size: int):
         n = dcp.dcp_merge_local_topk(topk, world_size)
         if n:
             x, lengths = saturating(world_size, topk, max(topk, 2 * n) + 33, seed=topk)
-            yield f"saturating K={topk}", topk, x, lengths, dcp.rescue_slots(topk, n)
+            yield f"saturating K={topk}", topk, x, lengths, dcp.max_saturated_ranks(topk, n)
     for kind in ("random", "all_equal", "nan_mixed", "inf_mixed", "tiny_negative"):
         x, lengths = mixed(world_size, 1000, seed=world_size, kind=kind)
         yield kind, 256, x, lengths, None
@@ -33,8 +34,8 @@ def _body(rank: int, world_size: int, group) -> None:
     assert dcp.init_dcp_topk_merge(group, 2048, max_rows=64) == 0
     assert dcp.init_dcp_topk_merge(group, 2048, max_rows=64) == 0  # idempotent
     # The agreement is a MIN over ranks: one rank without support turns it off for all.
-    assert dcp._agree(group, True) is True
-    assert dcp._agree(group, rank != world_size - 1) is False
+    assert dcp_group._agree(group, True) is True
+    assert dcp_group._agree(group, rank != world_size - 1) is False
     for name, topk, x, lengths, most in _cases(world_size):
         if most is not None:
             assert count_saturated(world_size, topk, x, lengths).max().item() == most, name
@@ -111,15 +112,15 @@ def _init_checks_arguments_first(rank: int, world_size: int, group) -> None:
         dcp.init_dcp_topk_merge(group, "128" if rank == 1 else 128, max_rows=8)
     with pytest.raises(ValueError, match="topk must be the same on every rank of the group, got 128 to 129"):
         dcp.init_dcp_topk_merge(group, 128 + (rank == 1), max_rows=8)
-    probe = dcp._local_support
+    probe = dcp_group._local_support
     if rank == 0:
         def broken(*args):
             raise RuntimeError("planted probe failure")
-        dcp._local_support = broken
+        dcp_group._local_support = broken
     try:
         assert dcp.init_dcp_topk_merge(group, 512, max_rows=8) == 0
     finally:
-        dcp._local_support = probe
+        dcp_group._local_support = probe
     assert dcp.init_dcp_topk_merge(group, 512, max_rows=8) == 0  # the same call again: the agreed value
     with pytest.raises(ValueError, match="already called for group .* topk=512"):
         dcp.init_dcp_topk_merge(group, 512, max_rows=16)

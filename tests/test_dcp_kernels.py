@@ -413,7 +413,7 @@ def test_the_step_pack_compiles_once_per_score_dtype():
     ``init_dcp_topk_merge``'s warm steps leave nothing to compile inside a graph capture."""
     from torch_sparse_decode.ops.dcp import pack as dcp_pack
 
-    caches = getattr(dcp_pack._pack_rows, "device_caches", None)
+    caches = getattr(dcp_pack.pack_kernel, "device_caches", None)
     if caches is None:
         pytest.skip("this Triton keeps its kernel cache elsewhere")
     group = simulated_group(2, 256, max_rows=4, device=DEVICE)

@@ -20,6 +20,7 @@ import oracle
 from dcp_cases import mixed, saturating
 from multiproc import run_ranks
 from torch_sparse_decode import dcp
+from torch_sparse_decode.ops.dcp import group as dcp_group
 
 pytestmark = pytest.mark.multigpu
 
@@ -106,11 +107,11 @@ def _one_round_body(rank: int, world_size: int, group) -> None:
         _expect(compiled(x[rank].cuda(), lengths[rank].cuda()), x, lengths, rank, f"compiled {name}")
 
     # Fail closed: one rank without support turns the one-round merge off for both.
-    real = dcp._local_support
+    real = dcp_group._local_support
     if rank == 1:
-        dcp._local_support = lambda *a: (False, "planted")
+        dcp_group._local_support = lambda *a: (False, "planted")
     assert dcp.init_dcp_topk_merge(group, 1024, max_rows=8) == 0
-    dcp._local_support = real
+    dcp_group._local_support = real
 
     # A peer that never comes: bounded wait, no ids, and (eager) the step raises, naming rank 1.
     assert dcp.init_dcp_topk_merge(group, 512, max_rows=4, timeout_s=2.0) > 0

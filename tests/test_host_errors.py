@@ -9,6 +9,7 @@ import torch
 import torch_sparse_decode as tsd
 from inputs import DEVICES
 from torch_sparse_decode import dcp
+from torch_sparse_decode.ops.dcp import group as dcp_group
 
 
 def _raises(kind, match, fn):
@@ -116,7 +117,7 @@ def test_row_limit_is_the_same_everywhere(device):
 
 def test_workspace_offsets_stay_32_bit():
     """K = 4096 on 2 ranks: 50,841 rows would put rescue offsets past 2**31."""
-    error = dcp._argument_error(4096, 50841, None, 30.0, 2)
+    error = dcp_group._argument_error(4096, 50841, None, 30.0, 2)
     assert isinstance(error, ValueError) and "max_rows must be at most 50840 for topk=4096 on 2 ranks" in str(error)
-    assert dcp._argument_error(4096, 50840, None, 30.0, 2) is None
-    assert isinstance(dcp._argument_error("128", 8, None, 30.0, 2), TypeError)
+    assert dcp_group._argument_error(4096, 50840, None, 30.0, 2) is None
+    assert isinstance(dcp_group._argument_error("128", 8, None, 30.0, 2), TypeError)

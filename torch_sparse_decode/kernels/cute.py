@@ -29,6 +29,23 @@ def load_shared16(src: Int32):
 
 
 @cute.jit
+def popc(x: Uint32) -> Int32:
+    return Int32(cute.arch.popc(x))
+
+
+@cute.jit
+def warp_min(x: Int32) -> Int32:
+    return cute.arch.inline_ptx("redux.sync.min.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
+                                read_only_args=[x])
+
+
+@cute.jit
+def warp_max(x: Int32) -> Int32:
+    return cute.arch.inline_ptx("redux.sync.max.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
+                                read_only_args=[x])
+
+
+@cute.jit
 def warps_before(counts: cute.Tensor, warp: Int32, warps: cutlass.Constexpr[int], base: Int32 = 0):
     """(sum of ``counts[base + w]`` over the warps below ``warp``, sum over all ``warps``): a
     warp's offset in a CTA-wide compaction and the CTA's total."""

@@ -16,7 +16,19 @@ from dataclasses import dataclass
 
 MAX_WORLD_SIZE = 16
 LOCAL_INDEX_BITS = 17
-_WARP = 32
+WARP = 32  # B' plane words hold one bit per slot of a warp's 32
+
+# The one-round merge's kernels address the symmetric workspace with 32-bit word offsets.
+MAX_WORKSPACE_WORDS = (1 << 31) - 1
+
+# A step's tag, in every 8-byte unit a step writes (the word, then the tag): the step's sequence
+# number (its low 15 bits) above its row count, never 0, so a reader tells this step's units from
+# an earlier step's and from a peer's step of other rows.
+TAG_SEQ_MASK = 0x7FFF
+TAG_ROWS_BITS = 16
+TAG_ROWS_MASK = (1 << TAG_ROWS_BITS) - 1
+# The workspace's state[3] (when the step's first wait began) while no wait of the step has begun.
+NO_WAIT = 0x7FFFFFFFFFFFFFFF
 
 # The bound on one dcp_topk_merge step's waits for its peers, unless init_dcp_topk_merge set another.
 STEP_TIMEOUT_S = 5.0
@@ -62,22 +74,22 @@ def dcp_merge_local_topk(topk: int, world_size: int) -> int:
 
     0 when it would not be smaller than ``topk`` (then the one-round merge saves nothing)."""
     fair_share = -(-topk // world_size)
-    local_topk = -(-(3 * fair_share) // (2 * _WARP)) * _WARP
+    local_topk = -(-(3 * fair_share) // (2 * WARP)) * WARP
     return local_topk if local_topk < topk else 0
 
 
 def packed_row_words(local_topk: int) -> int:
     """int32 words per packed row: N candidate words + N/32 bit-plane words."""
-    return local_topk + local_topk // _WARP
+    return local_topk + local_topk // WARP
 
 
 def packed_row_slots(words: int) -> int:
     """The inverse of ``packed_row_words``: the slots of a packed row of ``words`` int32 words."""
-    return words * _WARP // (_WARP + 1)
+    return words * WARP // (WARP + 1)
 
 
-def rescue_slots(topk: int, local_topk: int) -> int:
-    """Upper bound on the saturated ranks of one row.
+def max_saturated_ranks(topk: int, local_topk: int) -> int:
+    """Upper bound on the saturated ranks of one row (the ranks whose rescue row a merge may read).
 
     A saturated rank sent N candidates, all strictly above the K-th selected key, so they are
     among the K - 1 keys above it: at most ``(K - 1) // N`` such ranks."""
@@ -109,4 +121,4 @@ def workspace_words(world_size: int, topk: int, local_topk: int, max_rows: int) 
 
 def rescue_row_slots(topk: int) -> int:
     """Slots of a rank's rescue row (its local top-K in the B' layout): K rounded up to 32."""
-    return -(-topk // _WARP) * _WARP
+    return -(-topk // WARP) * WARP

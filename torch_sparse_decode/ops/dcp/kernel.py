@@ -1,56 +1,37 @@
 """CUDA kernels of the DCP ops (``dcp_pack``, ``dcp_merge``, ``dcp_topk_merge``), over their parts:
 
 - ``pack.py``: the Triton pack (a rank's B' rows; in a step also the push to its peers);
-- ``merge.py``: the merge that ships on CUDA tensors (CuTe DSL);
-- ``merge_triton.py``: its Triton twin, which the CPU interpreter runs in CI;
+- ``launch.py``: the merge's one launch, on ``merge.py`` (the CuTe merge that ships, reading a
+  step's rows through ``exchange.py``) or ``merge_triton.py`` (its Triton twin, which the CPU
+  interpreter runs in CI);
 - ``step.py``: the one-round step over a group's symmetric-memory workspace.
 
 ``dcp_topk_merge`` takes the one-round step where ``init_dcp_topk_merge`` built a workspace for
-(group, topk) and the step fits it (a shape test, the same on every rank), else the generic merge.
+(group, topk) and the step fits it (a shape test, the same on every rank), else the generic step
+(``group.generic_step``).
 """
 
 from __future__ import annotations
 
 import torch
-import triton
 
 from ...dtypes import DCP_SCORES
-from . import reference
-from .config import (GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_slots, packed_row_words,
-                     rescue_row_slots)
-from .merge_triton import MERGE_WARPS, _bitmap_words, _dcp_merge
+from .config import GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
+from .group import generic_step
+from .launch import MergeLaunch, launch_merge
 from .pack import pack_rows
-from .step import MERGE_KERNEL, _cute_merge, local_topk_ids, one_round_step
+from .step import local_topk_ids, one_round_step
 
 
 def merge_rows(gathered: torch.Tensor, peers: torch.Tensor, rescue_row_stride: int, topk: int, rank: int,
-               global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor,
-               kernel: str = MERGE_KERNEL) -> None:
-    """One-round merge of ``gathered`` [W, T, words]; rank r's rescue rows start at ``peers[r]``.
-    ``kernel``: "cute" or "triton" (the twin) on CUDA tensors; the CPU runs the twin."""
-    world_size, rows, words = gathered.shape
-    if not rows:
-        return
-    n = packed_row_slots(words)
-    if _cute_merge(gathered, kernel):
-        from .merge import compiled
-
+               global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor, **kernel) -> None:
+    """One-round merge of ``gathered`` [W, T, words]; rank r's rescue rows start at ``peers[r]``
+    (``kernel``: as ``launch_merge`` takes it)."""
+    world_size, rows, _ = gathered.shape
+    if rows:
         gathered = gathered.contiguous()
-        compiled(world_size, topk, False)(
-            gathered.view(-1), gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride, global_ids,
-            local_ids, local_count, rank, peers, 0, 0, 0)
-        return
-    kp2 = triton.next_power_of_2(topk)
-    bitmap_words = _bitmap_words(world_size)
-    scratch = torch.zeros(rows, 2 * bitmap_words, dtype=torch.int32, device=gathered.device)
-    _dcp_merge[(rows,)](
-        gathered, gathered.stride(0), gathered.stride(1), peers, 0, rescue_row_stride,
-        scratch, scratch.stride(0), global_ids, local_ids, global_ids.stride(0), local_count, topk, rank,
-        peers, 0, 0, 0,
-        W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
-        NP2=triton.next_power_of_2(n), R=rescue_row_slots(topk), KP2=kp2, WORDS=bitmap_words, EXCHANGE=False,
-        num_warps=MERGE_WARPS,
-    )
+        launch_merge(MergeLaunch(world_size, topk, rank, gathered.view(-1), gathered.stride(0), gathered.stride(1),
+                                 peers, 0, rescue_row_stride, global_ids, local_ids, local_count), **kernel)
 
 
 def stacked_peers(rescue: torch.Tensor) -> torch.Tensor:
@@ -69,20 +50,6 @@ def dcp_pack(scores, lengths, world_size, rank, topk, packed, rescue) -> None:
 def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) -> None:
     """The CUDA kernel of ``sparse_decode::dcp_merge`` (arguments already checked)."""
     merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
-
-
-def warm_step(world_size: int, topk: int) -> None:
-    """Compile every kernel variant a one-round step of (W, K) can take, from fake tensors: the
-    engine's ord16 selection at each cluster size and score dtype, and the step's merge. (The
-    pack, one Triton variant per score dtype, compiles in ``init_dcp_topk_merge``'s warm steps.)"""
-    from ...kernels import topk as engine
-    from .merge import compiled
-
-    for ctas in engine.CLUSTER_SIZES:
-        for dtype in DCP_SCORES:
-            engine.compiled(dtype, False, ctas, ord16=True)
-    if MERGE_KERNEL == "cute":
-        compiled(world_size, topk, True)
 
 
 def warm(device: torch.device) -> None:
@@ -110,4 +77,4 @@ def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, loc
     if ws is not None and dcp_topk_merge_fits(rows, topk, ws.local_topk, group_name) and width <= ws.max_local_len:
         one_round_step(ws, scores, lengths, global_ids, local_ids, local_count)
     else:
-        reference.dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count)
+        generic_step(scores, lengths, topk, group_name, global_ids, local_ids, local_count)

@@ -1,10 +1,9 @@
-"""The DCP one-round merge on the GPU (CuTe DSL): ``merge_rows`` / ``merge_step``'s CUDA kernel.
+"""The DCP one-round merge on the GPU (CuTe DSL): the CUDA kernel of ``launch.launch_merge``.
 
 One CTA of 1024 threads per row, everything between the rows and the outputs in shared memory:
 
-- Wait (a step): the rows arrive as 8-byte units (a B' word, then the step's tag; no flag). Thread
-  0 polls the last unit of every rank's row (system scope, bounded by ``%globaltimer``) while the
-  others clear shared memory.
+- Wait (a step): the rows arrive as tagged units (``exchange.py``). Thread 0 polls the last unit
+  of every rank's row while the others clear shared memory.
 - The W sent B' rows (W * N <= 6240 candidates) go into registers as (ord16, global id); in a
   step every thread checks its units' tags and polls any that came late.
 - t16, the ord16 of the K-th candidate, in two 8-bit digits: a 256-bin shared histogram each,
@@ -37,17 +36,17 @@ reductions. Both take the same arguments and give bit-identical results.
 
 from __future__ import annotations
 
-
 from dataclasses import dataclass, replace
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
-from ...limits import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
-from .config import dcp_merge_local_topk, rescue_row_slots
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
-from ...kernels.cute import begin_marks, block_exclusive, stamp, warp_inclusive, zero_fill
+from ...kernels.cute import begin_marks, block_exclusive, popc, stamp, warp_inclusive, warp_max, warp_min, zero_fill
+from ...limits import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
+from .config import NO_WAIT, dcp_merge_local_topk, rescue_row_slots
+from .exchange import ABOVE, DIGIT, LATE, NEED, TOP, RowReads, Rows, load_unit, step_tag, tag_of, wait_began
 
 # Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
 # more warps hide more of it (H200, W = 2, T = 8: 256 threads 8.3 us, 512 6.1, 1024 5.65).
@@ -64,11 +63,6 @@ PHASES = ("wait + clear", "load", "high digit", "low digit", "saturation", "set 
           "local ids")
 
 
-# info slots (shared): digit found, keys above it, keys wanted, the error word's bits of the rows
-# that did not arrive (0: all did), the highest live id
-DIGIT, ABOVE, NEED, LATE, TOP = range(5)
-NO_WAIT = 0x7FFFFFFFFFFFFFFF  # state[3] while no wait of the step has begun
-
 
 @cute.jit
 def candidate(word: Int32, plane: Int32, j: Int32, rank, world_size: cutlass.Constexpr[int]):
@@ -83,84 +77,6 @@ def count_in(hist: cute.Tensor, b: Int32):
     """hist[b] += 1 (shared). An atomic: ``red.shared`` was 2.8x slower on the H200 under the
     digits' contention (a few bins take most keys)."""
     cute.arch.atomic_add(hist.iterator + b, Int32(1))
-
-
-@cute.jit
-def popc(x: Uint32) -> Int32:
-    return Int32(cute.arch.popc(x))
-
-
-@cute.jit
-def warp_min(x: Int32) -> Int32:
-    return cute.arch.inline_ptx("redux.sync.min.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
-                                read_only_args=[x])
-
-
-@cute.jit
-def warp_max(x: Int32) -> Int32:
-    return cute.arch.inline_ptx("redux.sync.max.s32 {$w0}, {$r0}, 0xffffffff;", write_only_types=[Int32],
-                                read_only_args=[x])
-
-
-@cute.jit
-def load_unit(base: Int64, j: Int32) -> Int64:
-    """Tagged unit j (8 bytes: the word, then its tag) of the row at ``base``, read at system scope
-    (a peer's stores may land while the CTA polls: no stale cached copy)."""
-    ptr = cute.make_ptr(Int64, base + Int64(j) * 8, cute.AddressSpace.gmem, assumed_align=8)
-    return cute.arch.load(ptr, Int64, sem="relaxed", scope="sys")
-
-
-@cute.jit
-def tag_of(unit: Int64) -> Int32:
-    return Int32(unit >> 32)
-
-
-@cute.jit
-def step_tag(seq: Int64, rows: Int32) -> Int32:
-    """A step's tag (as the pack writes it): the sequence's low 15 bits, then the row count."""
-    return (Int32(seq & Int64(0x7FFF)) << 16) | rows
-
-
-@cute.jit
-def of_no_step(tag: Int32, want: Int32):
-    """Whether a unit with ``tag`` is not of the step that wants ``want`` (yet): an earlier step's,
-    or never written. Another tag than ``want`` that is of the step comes from a peer whose step
-    has another row count: waiting will not change it."""
-    return ((tag >> 16) != (want >> 16)) | ((tag & Int32(0xFFFF)) == Int32(0))
-
-
-@cute.jit
-def wait_began(state: cute.Tensor) -> Int64:
-    """When the step's first wait began (now, if this is it): every wait of a step ends one bound
-    after it, whatever the rows, ranks and waves of CTAs."""
-    now = cute.arch.globaltimer()
-    first = cute.arch.atomic_min(state.iterator + 3, now)
-    return cutlass.select_(first < now, first, now)
-
-
-@cute.jit
-def global_row(address: Int64) -> cute.Tensor:
-    """int32 words at a raw global address (a peer's buffer from the address table)."""
-    ptr = cute.make_ptr(Int32, address, cute.AddressSpace.gmem, assumed_align=4)
-    return cute.make_tensor(ptr, cute.make_layout(1 << 30))
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Where a merge reads its rows: the sent rows at word ``sent_at`` of ``gathered`` (rank r's
-    ``r * rank_stride`` further), rank r's rescue row at word ``rescue_at`` of its buffer
-    (``peers[r]``); in a step also the step's tag, the wait's bound, the CTA's ``info`` words and
-    the group's ``state``."""
-
-    gathered: cute.Tensor
-    sent_at: Int32
-    rank_stride: Int32
-    peers: cute.Tensor
-    rescue_at: Int32
-    want: Int32
-    timeout_ns: Int64
-    info: cute.Tensor
-    state: cute.Tensor
 
 
 @dataclass(frozen=True)
@@ -183,9 +99,11 @@ class Pass:
     t_below: Int32
 
 
-class DcpMerge:
+class DcpMerge(RowReads):
     """The merge for one static configuration: world size W, topk K (so sent slots N and rescue
     slots R), and whether it is a step's (flags, parity, step counter) or a simulated merge's."""
+
+    threads = THREADS
 
     def __init__(self, world_size: int, topk: int, exchange: bool, profile: bool = False):
         self.W, self.K, self.exchange, self.profile = world_size, topk, exchange, profile
@@ -264,25 +182,6 @@ class DcpMerge:
                                      self.W)
                 top = self.act(action, key, gid, ctx, top)
         return top
-
-    @cute.jit
-    def arrived_word(self, base: Int64, j: Int32) -> Int32:
-        """Word j of the B' row at ``base`` (in a step: of a unit already seen with the step's tag;
-        read at system scope all the same, so no copy cached before it landed is used)."""
-        if cutlass.const_expr(self.exchange):
-            return Int32(load_unit(base, j))
-        else:
-            return global_row(base)[j]
-
-    @cute.jit
-    def wait_rescued(self, src: Rows, saturated: Int32, tid: Int32):
-        """In a step: every unit of the saturated ranks' rescue rows, polled until it carries the
-        step's tag (``word``; the CTA's threads split the units)."""
-        for r in range(self.W):
-            if ((saturated >> r) & 1) != 0:
-                base = src.peers[r] + Int64(src.rescue_at) * 4
-                for u in range(tid, self.R + self.R // 32, THREADS):
-                    self.word(base, u, src, r)
 
     # ------------------------------------------------------------------------------ steps
 
@@ -420,55 +319,6 @@ class DcpMerge:
                 local_ids[row, j] = Int32(-1)
         if tid == 0:
             local_count[row] = n_mine
-
-    @cute.jit
-    def row_base(self, gathered: cute.Tensor, at: Int32) -> Int64:
-        """The address of the row at int32 word ``at`` of ``gathered``."""
-        return Int64((gathered.iterator + at).toint())
-
-    @cute.jit
-    def word(self, base: Int64, j: Int32, src: Rows, r) -> Int32:
-        """Word j of rank r's B' row at ``base``; in a step (tagged units) once its unit carries
-        the step's tag, polled up to the step's bound (else info[LATE] gets rank r's bit, one for
-        late or one for another row count, and the word reads 0)."""
-        if cutlass.const_expr(self.exchange):
-            want, timeout_ns, info, state = src.want, src.timeout_ns, src.info, src.state
-            unit = load_unit(base, j)
-            if tag_of(unit) != want:
-                start = wait_began(state)
-                while of_no_step(tag_of(unit), want) & (cute.arch.globaltimer() - start < timeout_ns):
-                    unit = load_unit(base, j)  # (info is not read here: other threads may be setting it)
-                if tag_of(unit) != want:
-                    bit = cutlass.select_(of_no_step(tag_of(unit), want), Int32(1) << r, Int32(1) << (16 + r))
-                    cute.arch.atomic_or(info.iterator + LATE, bit)
-                    unit = Int64(0)
-            return Int32(unit)
-        else:
-            return global_row(base)[j]
-
-    @cute.jit
-    def load_sent(self, gathered: cute.Tensor, sent_at: Int32, rank_stride: Int32, want: Int32, keys: cute.Tensor,
-                  gids: cute.Tensor, tid: Int32) -> Int32:
-        """The sent rows' words of this thread's slots (tid, tid + THREADS, ...; the W rows laid end
-        to end) into ``keys`` and their plane words into ``gids``, every load in flight before the
-        first use. In a step: the ranks (a bit each) whose units lacked the step's tag."""
-        late = Int32(0)
-        for i in cutlass.range_constexpr(self.per):
-            f = min(i * THREADS + tid, Int32(self.W * self.N - 1))
-            r = f // self.N
-            j = f - r * self.N
-            at = sent_at + r * rank_stride
-            if cutlass.const_expr(self.exchange):
-                base = self.row_base(gathered, at)
-                unit = load_unit(base, j)
-                plane = load_unit(base, self.N + j // 32)
-                keys[i] = Int32(unit)
-                gids[i] = Int32(plane)
-                late = late | (Int32((tag_of(unit) != want) | (tag_of(plane) != want)) << r)
-            else:
-                keys[i] = gathered[at + j]
-                gids[i] = gathered[at + self.N + j // 32]
-        return late
 
     @cute.kernel
     def kernel(self, gathered: cute.Tensor, rank_stride: Int32, row_stride: Int32, peers: cute.Tensor,

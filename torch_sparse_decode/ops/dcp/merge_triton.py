@@ -1,4 +1,4 @@
-"""The Triton twin of the DCP one-round merge (``_dcp_merge``): the same arguments and results as
+"""The Triton twin of the DCP one-round merge (``merge_kernel``): the same arguments and results as
 the CuTe merge that ships (``ops/dcp/merge.py``), run by the CPU interpreter in CI (the merge
 and the whole exchange step over simulated ranks, bit for bit against the reference) and timed
 beside it by bench_dcp.py.
@@ -24,11 +24,12 @@ import os
 import triton
 import triton.language as tl
 
+from . import config
 from .config import LOCAL_INDEX_BITS
-from .pack import _ge_counts, _kth16_step, _peer, step_tag
+from .pack import TAG_ROWS_BITS, TAG_ROWS_MASK, ge_counts, kth16_step, peer_buffer, step_tag
 
 CHUNK = tl.constexpr(2048)  # B' slots streamed per step of a merge pass
-NO_WAIT = tl.constexpr(0x7FFFFFFFFFFFFFFF)  # state[3] while no wait of the step has begun
+NO_WAIT = tl.constexpr(config.NO_WAIT)
 WORD_CHUNK = tl.constexpr(4096)  # bitmap words (2**17 global ids) per step of the merge's output scan
 MERGE_WARPS = 8  # warps per Triton merge program (one row)
 
@@ -96,7 +97,7 @@ def _flag(mask, r):
 def _candidates(sent, sent_rank_stride, peers, rescue_at, r, saturated, N: tl.constexpr, R: tl.constexpr):
     """Rank r's candidate row: its sent row, or its rescue row (read from its buffer) if saturated."""
     if saturated:
-        base = _peer(peers, r) + rescue_at
+        base = peer_buffer(peers, r) + rescue_at
     else:
         base = sent + r * sent_rank_stride
     return base, tl.where(saturated, R, N)
@@ -112,7 +113,7 @@ def _chunk_keys(base, slots, start, r, W: tl.constexpr, UNIT: tl.constexpr):
 @triton.jit
 def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, SHIFT: tl.constexpr,
                       W: tl.constexpr, N: tl.constexpr, R: tl.constexpr, REGS: tl.constexpr, UNIT: tl.constexpr):
-    """``_ge_counts`` over the row's candidates (SHIFT < 0: the live ones): ``k16`` (REGS), else
+    """``ge_counts`` over the row's candidates (SHIFT < 0: the live ones): ``k16`` (REGS), else
     every rank's sent or rescue row, streamed."""
     if REGS:
         counts = _live_or_ge_counts(k16, t16, SHIFT)
@@ -128,9 +129,9 @@ def _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, S
 
 @triton.jit
 def _live_or_ge_counts(k16, t16, SHIFT: tl.constexpr):
-    """``_ge_counts``, or (SHIFT < 0) the number of keys (the threshold's first step)."""
+    """``ge_counts``, or (SHIFT < 0) the number of keys (the threshold's first step)."""
     if SHIFT >= 0:
-        counts = _ge_counts(k16, t16, SHIFT)
+        counts = ge_counts(k16, t16, SHIFT)
     else:
         counts = tl.sum((k16 >= 0).to(tl.int64))
     return counts
@@ -149,7 +150,7 @@ def _threshold(k16, sent, sent_rank_stride, peers, rescue_at, sat, K,
         shift = 14 - 2 * step
         counts = _candidate_counts(k16, sent, sent_rank_stride, peers, rescue_at, sat, t16, shift, W, N, R, REGS,
                                    UNIT)
-        t16, above = _kth16_step(counts, t16, above, shift, need)
+        t16, above = kth16_step(counts, t16, above, shift, need)
     return t16, need - above, need
 
 
@@ -253,7 +254,8 @@ def _merge_row(sent, sent_rank_stride, peers, rescue_at, scratch, global_ids, lo
         if UNIT == 2:
             for r in range(W):
                 if _flag(sat, r):
-                    error |= error_bits(wait_row(_peer(peers, r) + rescue_at, R + R // 32, want, timeout_ns, state), r)
+                    rescued = peer_buffer(peers, r) + rescue_at
+                    error |= error_bits(wait_row(rescued, R + R // 32, want, timeout_ns, state), r)
         if error == 0:
             t16, ties, count = _threshold(flat16, sent, sent_rank_stride, peers, rescue_at, sat, K, W, N, R, False,
                                           UNIT)
@@ -299,7 +301,8 @@ OTHER_ROWS = tl.constexpr(2)
 def _arrival(units, mask, want):
     """The arrival of the (masked) tagged units at ``units`` (int32 word pointers), tag ``want``."""
     tags = tl.load(units + 1, mask=mask, other=want, volatile=True)
-    other_rows = ((tags >> 16) == (want >> 16)) & ((tags & 0xFFFF) != 0) & (tags != want)
+    of_step = (tags >> TAG_ROWS_BITS) == (want >> TAG_ROWS_BITS)
+    other_rows = of_step & ((tags & TAG_ROWS_MASK) != 0) & (tags != want)
     missing = tl.sum((tags != want).to(tl.int32))
     return tl.where(tl.sum(other_rows.to(tl.int32)) > 0, OTHER_ROWS, tl.where(missing > 0, LATE, ARRIVED))
 
@@ -340,7 +343,7 @@ def advance_step(state):
 
 
 @triton.jit
-def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
+def merge_kernel(gathered, gathered_rank_stride, gathered_row_stride, peers, rescue_offset, rescue_row_stride,
                scratch, scratch_stride, global_ids, local_ids, out_stride, local_count, K, rank,
                state, parity_gathered, parity_rescue, timeout_ns,
                W: tl.constexpr, WP2: tl.constexpr, N: tl.constexpr, NP2: tl.constexpr, R: tl.constexpr,
@@ -381,5 +384,6 @@ def _dcp_merge(gathered, gathered_rank_stride, gathered_row_stride, peers, rescu
         advance_step(state)
 
 
-def _bitmap_words(world_size: int, local_len: int = 1 << LOCAL_INDEX_BITS) -> int:
+def bitmap_words(world_size: int, local_len: int = 1 << LOCAL_INDEX_BITS) -> int:
+    """int32 words of one of the Triton merge's two bitmaps over a row's global ids."""
     return -(-world_size * local_len // 32)  # a bit per possible global id (l * W + r, l < local_len)

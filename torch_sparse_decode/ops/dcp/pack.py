@@ -1,7 +1,7 @@
 """The DCP pack (Triton): a rank's B' rows from its local top-K, as ``dcp_pack`` and a step's push.
 
 The top-k engine (``kernels/topk``, keyed by each score's bf16 ord16) selects the rank's local
-top-K, ties to the lower local id (the merge's order), ids ascending; ``_pack_rows`` recomputes
+top-K, ties to the lower local id (the merge's order), ids ascending; ``pack_kernel`` recomputes
 their ord16 (bf16 rounding on the bits, so the CPU interpreter and the GPU agree bit for bit) and
 writes the rescue row (all K) and the packed row (the best N of them, a 16-bit radix select on
 ord16, ties taken in ascending id order), both B' rows with slots in ascending local id. In a step
@@ -18,7 +18,13 @@ import torch
 import triton
 import triton.language as tl
 
+from . import config
 from .config import packed_row_slots, rescue_row_slots
+
+# The step tag's layout (config), as the kernels read it.
+TAG_SEQ_MASK = tl.constexpr(config.TAG_SEQ_MASK)
+TAG_ROWS_BITS = tl.constexpr(config.TAG_ROWS_BITS)
+TAG_ROWS_MASK = tl.constexpr(config.TAG_ROWS_MASK)
 
 
 @triton.jit
@@ -38,7 +44,7 @@ def _ord16(x):
 
 
 @triton.jit
-def _peer(peers, r):
+def peer_buffer(peers, r):
     """Rank r's buffer (int32) from the address table."""
     return tl.load(peers + r).to(tl.pointer_type(tl.int32))
 
@@ -62,7 +68,7 @@ FIELD_MASK = tl.constexpr((1 << 21) - 1)
 
 
 @triton.jit
-def _ge_counts(k16, t16, shift):
+def ge_counts(k16, t16, shift):
     """Keys >= t16 | (d << shift) for d = 1, 2, 3, packed in 21-bit fields (summed over the keys)."""
     c = (k16 >= (t16 | (1 << shift))).to(tl.int64)
     c |= (k16 >= (t16 | (2 << shift))).to(tl.int64) << FIELD
@@ -71,8 +77,8 @@ def _ge_counts(k16, t16, shift):
 
 
 @triton.jit
-def _kth16_step(counts, t16, upper, shift, need):
-    """The next two bits of the threshold from ``_ge_counts``: the largest d whose candidate still
+def kth16_step(counts, t16, upper, shift, need):
+    """The next two bits of the threshold from ``ge_counts``: the largest d whose candidate still
     has ``need`` keys at or above it. ``upper``: the keys at or above the next candidate up (at
     the end, the keys strictly above the threshold)."""
     n1 = (counts & FIELD_MASK).to(tl.int32)
@@ -109,7 +115,7 @@ def _store_packed(out, pos, word, take, slot, need, planes, plane_words, tag, N:
 
 
 @triton.jit(do_not_specialize=["scores_stride"], do_not_specialize_on_alignment=["scores"])
-def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
+def pack_kernel(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, parity_packed, parity_rescue,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
                W: tl.constexpr, EXCHANGE: tl.constexpr, EARLY_MERGE: tl.constexpr = False):
@@ -150,7 +156,7 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
     above = tl.zeros((), dtype=tl.int32)
     for step in tl.static_range(8):
         shift = 14 - 2 * step
-        t16, above = _kth16_step(_ge_counts(key16, t16, shift), t16, above, shift, need)
+        t16, above = kth16_step(ge_counts(key16, t16, shift), t16, above, shift, need)
     rest = need - above
     # One scan counts both the keys above t16 and the ties (16 bits each); the first `rest` ties are taken.
     ties = live & (ord16 == t16)
@@ -164,15 +170,14 @@ def _pack_rows(ids, ids_stride, scores, scores_stride, packed, packed_stride, re
         at = push_offset + parity * parity_packed + row_at
         for q in range(W):
             if q != rank:
-                _store_packed(_peer(peers, q) + at, pos, word, take, slot, need, planes, packed_planes, tag, N,
+                _store_packed(peer_buffer(peers, q) + at, pos, word, take, slot, need, planes, packed_planes, tag, N,
                               True)
 
 
 @triton.jit
 def step_tag(seq):
-    """A step's tag: its sequence number (15 bits) and its row count (the grid), never 0, so a
-    reader tells a unit of this step from one of an earlier step or of a peer's step of other rows."""
-    return (((seq & 0x7FFF) << 16) | tl.num_programs(0)).to(tl.int32)
+    """A step's tag (``config.TAG_SEQ_MASK``): its sequence number and its row count (the grid)."""
+    return (((seq & TAG_SEQ_MASK) << TAG_ROWS_BITS) | tl.num_programs(0)).to(tl.int32)
 
 
 def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, rescue: torch.Tensor) -> None:
@@ -181,7 +186,7 @@ def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, res
     n = packed_row_slots(packed.shape[1])
     slots = rescue_row_slots(topk)
     if rows:
-        _pack_rows[(rows,)](
+        pack_kernel[(rows,)](
             ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
             ids, ids, 0, 0, 0, 0,
             K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False, num_warps=8,

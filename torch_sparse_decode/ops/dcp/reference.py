@@ -2,20 +2,16 @@
 
 Each function has its op's signature (``torch.ops.sparse_decode.<name>``) and writes into the
 caller-owned outputs, ranking through the library's one order. Written for clarity and exactness,
-not speed.
+not speed. (``dcp_topk_merge``, a step over a process group, is ``group.generic_step``: these
+references are its local parts.)
 """
 
 from __future__ import annotations
 
-import datetime
-
 import torch
-import torch.distributed as dist
 
 from ...order import ascending_ids, bf16_ord16, clamped_lengths, topk_by_key
-from .config import packed_row_slots
-
-WARP = 32
+from .config import WARP, packed_row_slots
 
 
 # ------------------------------------------------------------------------ DCP decode top-k merge
@@ -181,72 +177,3 @@ def dcp_merge_generic(
     world_size, rows, topk = gathered_keys.shape
     candidates = gathered_keys.permute(1, 0, 2).reshape(rows, world_size * topk)
     _emit(candidates, topk, world_size, rank, global_ids, local_ids, local_count)
-
-
-# torch >= 2.13 renames all_gather_into_tensor (and deprecates the old name).
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-
-def all_gather_rows(tensor: torch.Tensor, group, timeout_s: float | None = None) -> torch.Tensor:
-    """[W, *tensor.shape]: every rank's ``tensor`` (rank order), one collective. With
-    ``timeout_s`` (outside graph capture) the host waits at most that long, then raises."""
-    world_size = dist.get_world_size(group)
-    # Stacked along dim 0, the layout every backend (gloo included) accepts.
-    out = tensor.new_empty((world_size * tensor.shape[0],) + tuple(tensor.shape[1:]))
-    if timeout_s is None or _capturing():
-        _all_gather_single(out, tensor.contiguous(), group=group)
-    else:
-        work = _all_gather_single(out, tensor.contiguous(), group=group, async_op=True)
-        try:
-            work.wait(timeout=datetime.timedelta(seconds=timeout_s))
-        except RuntimeError as err:
-            raise DcpStepError(f"the exchange did not complete within {timeout_s:g} s: a rank of the group stalled, "
-                              f"never called, or called with another topk or row count ({err})") from None
-    return out.view((world_size,) + tuple(tensor.shape))
-
-
-class DcpStepError(RuntimeError):
-    """A DCP step lacked a peer's rows: its wait ran past the step's bound (``init_dcp_topk_merge``'s
-    ``timeout_s``), or a peer's step had another row count."""
-
-
-def check_step(group, rows: int, topk: int, timeout_s: float, device: torch.device) -> None:
-    """Before a step's exchange (outside graph capture): every rank's (rows, topk), gathered with
-    the step's bound, must be this rank's. A mismatch raises the same ValueError on every rank; a
-    late rank, ``DcpStepError``."""
-    if _capturing():  # the shapes were fixed, and checked, before capture
-        return
-    every = all_gather_rows(torch.tensor([[rows, topk]], dtype=torch.int64, device=device), group, timeout_s)
-    every = every.view(-1, 2).tolist()
-    if any(pair != every[0] for pair in every):
-        shown = ", ".join(f"rank {r}: {t} rows, topk={k}" for r, (t, k) in enumerate(every))
-        raise ValueError(f"dcp_topk_merge: the ranks of the group disagree on the step ({shown})")
-
-
-def dcp_topk_merge(
-    scores: torch.Tensor,
-    lengths: torch.Tensor,
-    topk: int,
-    group_name: str,
-    global_ids: torch.Tensor,
-    local_ids: torch.Tensor,
-    local_count: torch.Tensor,
-) -> None:
-    """The full DCP step on this rank, generic merge: all-gather every rank's local top-K keys over
-    the process group named ``group_name`` (any backend), then merge them. Outside graph capture
-    the ranks first check that they agree on the step, and each wait is bounded."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
-
-    from .config import step_timeout_s
-
-    group = _resolve_process_group(group_name)
-    world_size, rank = dist.get_world_size(group), dist.get_rank(group)
-    timeout_s = step_timeout_s(group_name, topk)
-    check_step(group, scores.shape[0], topk, timeout_s, scores.device)
-    keys = torch.empty(scores.shape[0], topk, dtype=torch.int64, device=scores.device)
-    dcp_local_keys(scores, lengths, world_size, rank, topk, keys)
-    dcp_merge_generic(all_gather_rows(keys, group, timeout_s), rank, global_ids, local_ids, local_count)

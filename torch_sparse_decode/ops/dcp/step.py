@@ -6,18 +6,11 @@ from __future__ import annotations
 import torch
 import triton
 
-from .config import LOCAL_INDEX_BITS, packed_row_words, rescue_row_slots, workspace_words
-from .merge_triton import MERGE_WARPS, NO_WAIT, _bitmap_words, _dcp_merge
-from .pack import _pack_rows
-
-# The merge on CUDA tensors: "cute" (ops/dcp/merge.py, shipped) or "triton" (``_dcp_merge``,
-# which the CPU interpreter runs in CI); bench_dcp.py times both.
-MERGE_KERNEL = "cute"
-
-
-def _cute_merge(t: torch.Tensor, kernel: str = MERGE_KERNEL) -> bool:
-    """Whether the merge of rows on ``t``'s device is the CuTe kernel (CUDA), else the Triton one."""
-    return t.is_cuda and kernel == "cute"
+from ...dtypes import DCP_SCORES
+from .config import LOCAL_INDEX_BITS, NO_WAIT, packed_row_words, rescue_row_slots, workspace_words
+from .launch import MERGE_KERNEL, MergeLaunch, launch_merge, uses_cute
+from .merge_triton import bitmap_words
+from .pack import pack_kernel
 
 
 class Workspace:
@@ -49,7 +42,7 @@ class Workspace:
         self.rescue_offset = 2 * self.exchange_parity
         device = buffer.device
         self.peers = torch.tensor(buffers, dtype=torch.int64, device=device)
-        self.state = torch.tensor([0, 0, 0, NO_WAIT.value], dtype=torch.int64, device=device)
+        self.state = torch.tensor([0, 0, 0, NO_WAIT], dtype=torch.int64, device=device)
         self.exchange = buffer[: self.rescue_offset]
         self.own_rows = buffer[rank * max_rows * self.packed_words:]
         self.rescue = buffer[self.rescue_offset:]
@@ -57,9 +50,9 @@ class Workspace:
         # the Triton merge's bitmaps (the CuTe merge keeps its own in shared memory).
         self.ids = torch.empty(max_rows, topk, dtype=torch.int32, device=device)
         self.max_local_len = max_local_len  # the widest step that takes the one-round path
-        self.bitmap_words = _bitmap_words(world_size, max_local_len)
+        self.bitmap_words = bitmap_words(world_size, max_local_len)
         self.scratch = None
-        if not _cute_merge(self.ids):
+        if not uses_cute(self.ids):
             self.triton_scratch()
 
     words = staticmethod(workspace_words)
@@ -128,29 +121,32 @@ def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, ids: torch.Tenso
 def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
     """This rank's B' rows of the step from its local top-K ``ids`` into every rank's buffer."""
     slots = rescue_row_slots(ws.topk)
-    _pack_rows[(ids.shape[0],)](
+    pack_kernel[(ids.shape[0],)](
         ids, ids.stride(0), scores, scores.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.exchange_parity, ws.rescue_parity,
         K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,
-        EXCHANGE=True, EARLY_MERGE=_cute_merge(ids), num_warps=8,
+        EXCHANGE=True, EARLY_MERGE=uses_cute(ids), num_warps=8,
     )
 
 
 def merge_step(ws: Workspace, global_ids: torch.Tensor, local_ids: torch.Tensor, local_count: torch.Tensor) -> None:
     """Wait for every rank's rows of the step, merge them, advance the step."""
-    w = ws.world_size
-    if _cute_merge(global_ids):
-        from .merge import compiled
+    scratch = None if uses_cute(global_ids) else ws.triton_scratch()
+    launch_merge(MergeLaunch(
+        ws.world_size, ws.topk, ws.rank, ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers,
+        ws.rescue_offset, ws.rescue_words, global_ids, local_ids, local_count, ws.state, ws.exchange_parity,
+        ws.rescue_parity, ws.timeout_ns, scratch, ws.bitmap_words))
 
-        compiled(w, ws.topk, True)(
-            ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
-            global_ids, local_ids, local_count, ws.rank, ws.state, ws.exchange_parity, ws.rescue_parity, ws.timeout_ns)
-        return
-    _dcp_merge[(global_ids.shape[0],)](
-        ws.exchange, ws.max_rows * ws.packed_words, ws.packed_words, ws.peers, ws.rescue_offset, ws.rescue_words,
-        ws.triton_scratch(), ws.bitmap_words * 2, global_ids, local_ids, global_ids.stride(0), local_count, ws.topk,
-        ws.rank, ws.state, ws.exchange_parity, ws.rescue_parity, ws.timeout_ns,
-        W=w, WP2=triton.next_power_of_2(w), N=ws.local_topk, NP2=triton.next_power_of_2(ws.local_topk),
-        R=rescue_row_slots(ws.topk),
-        KP2=triton.next_power_of_2(ws.topk), WORDS=ws.bitmap_words, EXCHANGE=True, num_warps=MERGE_WARPS,
-    )
+
+def warm_step(world_size: int, topk: int) -> None:
+    """Compile every kernel variant a one-round step of (W, K) can take, from fake tensors: the
+    engine's ord16 selection at each cluster size and score dtype, and the step's merge. (The
+    pack, one Triton variant per score dtype, compiles in ``init_dcp_topk_merge``'s warm steps.)"""
+    from ...kernels import topk as engine
+    from .merge import compiled
+
+    for ctas in engine.CLUSTER_SIZES:
+        for dtype in DCP_SCORES:
+            engine.compiled(dtype, False, ctas, ord16=True)
+    if MERGE_KERNEL == "cute":
+        compiled(world_size, topk, True)
