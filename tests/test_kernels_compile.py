@@ -52,6 +52,14 @@ def test_dcp_merge_compiles(world_size, topk):
         assert dcp_merge.compiled(world_size, topk, exchange) is not None
 
 
+def test_dcp_merge_shared_memory_as_compiled_fits_sm90():
+    """The merge's shared memory (the same at every W and K: the bitmaps of one 2**17-id chunk and
+    the K ids), as compiled, fits SM90."""
+    from torch_sparse_decode.ops.dcp import merge as dcp_merge
+
+    assert compiled_smem_bytes(dcp_merge.compiled, 16, 4096, True) <= SM90_SMEM
+
+
 def _small_route_kernel(built: list):
     from torch_sparse_decode.kernels.compile import cached_kernel, fake_stream, fake_tensor
 
@@ -223,12 +231,46 @@ def test_engine_gated_copy_limits_cover_the_widest_rows():
     assert topk.MAX_TILES * topk.WARPS <= 1 << (32 - topk.ID_BITS)
 
 
+SM90_SMEM = 227 * 1024  # shared memory one block may take on SM90
+
+
+def compiled_smem_bytes(kernel, *config) -> int:
+    """The shared memory a configuration allocates, as compiled: the sum of the kernel's shared
+    allocations (each aligned) in the IR the DSL hands its compiler. (The CPU compile does not
+    check it against the GPU's limit; a launch would fail there.)"""
+    import tempfile
+    from pathlib import Path
+
+    from torch_sparse_decode.kernels.compile import _dsl
+
+    env = _dsl().envar
+    saved = env.dump_dir, env.keep_ir
+    with tempfile.TemporaryDirectory() as dump:
+        env.dump_dir, env.keep_ir = dump, True
+        try:
+            kernel.build(*config)
+        finally:
+            env.dump_dir, env.keep_ir = saved
+        (ir,) = [p for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir")]
+        text = ir.read_text()
+    types = {name: (int(align), int(size)) for name, align, size in re.findall(
+        r'^(!memref_smem_i8[_0-9]*) = !cute\.memref<i8, smem, align<(\d+)>, "(\d+):1">', text, re.M)}
+    total = 0
+    for name in re.findall(r"cute\.memref\.alloca\(\) \{smem\.partition_id = \d+ : i32\} : (!memref_smem_i8[_0-9]*)\b",
+                           text):
+        align, size = types[name]
+        total = -(-total // align) * align + size
+    assert total > 0, "no shared allocation found in the IR (has the DSL's IR changed?)"
+    return total
+
+
 @pytest.mark.parametrize("source", list(topk.SOURCES))
-def test_engine_shared_memory_fits_sm90(source):
-    """The engine's shared memory, sized from the one table the kernel allocates from
-    (``layout.shared_arrays``), fits SM90's 227 KiB per block: the CPU compile does not check
-    this, a launch would fail on the GPU."""
-    assert topk.smem_bytes(topk.SOURCES[source]) <= 227 * 1024
+def test_engine_shared_memory_as_compiled_fits_sm90(source):
+    """The engine's shared memory as compiled is what ``smem_bytes`` (the one table the kernel
+    allocates from, ``layout.shared_arrays``) says, and fits SM90: an array allocated outside the
+    table fails here."""
+    got = compiled_smem_bytes(topk.compiled, source, False, 1)
+    assert got == topk.smem_bytes(topk.SOURCES[source]) <= SM90_SMEM
 
 
 def test_a_configuration_compiles_once_however_its_arguments_are_spelled(tmp_path, monkeypatch):
@@ -287,14 +329,17 @@ def test_router_front_compiles(experts, width, topk_, groups, kept):
 
 
 def test_router_front_shared_memory_fits_sm90():
-    """The routing's arrays as the front counts them, and the model shapes' launches on an H200
-    (132 SMs) and an H100 PCIe (114) fit 227 KiB, one CTA per SM; a shape that would not fit
-    takes the GEMM path."""
+    """The front's shared memory as compiled is at most what ``smem_bytes`` counts (the routing's
+    arrays at their most: grouped routing adds two), which is what decides whether a batch takes
+    the front, and the model shapes' launches on an H200 (132 SMs) and an H100 PCIe (114) fit
+    227 KiB, one CTA per SM; a shape that would not fit takes the GEMM path."""
     from torch_sparse_decode.ops.moe_gate_route import front
-    from torch_sparse_decode.ops.moe_route.kernel import MAX_EXPERTS, WARPS
 
-    assert front.ROUTING_SMEM == (WARPS * 64 * 8 + 64 * 8 + 8 + WARPS * 4 + MAX_EXPERTS * 12 + 32 * 4 + 32 * 8
-                                  + 32 * 4 + 11 * 16)
+    for experts, width, topk_, groups, kept in ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)):
+        ctas = front.ctas_for(experts, 132)
+        got = compiled_smem_bytes(front.compiled, experts, width, topk_, True, groups, kept, ctas, front.CHUNK)
+        counted = front.smem_bytes(experts, width, ctas, front.CHUNK)
+        assert counted - 1024 < got <= counted, (experts, width, got, counted)
     for experts, width in ((896, 7168), (256, 7168), (1024, 8192)):
         for sms in (132, 114):
             assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT
