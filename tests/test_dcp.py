@@ -6,6 +6,7 @@ from dcp_cases import count_saturated, mixed, one_rank_group, saturating, shuffl
 from inputs import DEVICES, KINDS
 from torch_sparse_decode import dcp
 from torch_sparse_decode.dtypes import DCP_SCORES
+from torch_sparse_decode.ops.dcp import group as dcp_group
 from torch_sparse_decode.ops.dcp.config import GROUPS
 
 
@@ -160,19 +161,6 @@ def test_generic_takes_local_lengths_beyond_the_packed_limit():
         dcp.pack_candidates(x[0], lengths[0], 2, 0, 64)
 
 
-def test_init_rejects_bad_arguments():
-    one_rank_group()  # a one-rank group to call init on
-    with pytest.raises(ValueError, match=r"max_local_len must be in \[1, "):
-        dcp.init_dcp_topk_merge(None, 2000, 8, max_local_len=0)
-    with pytest.raises(ValueError, match=r"max_rows must be in \[1, 65535\], got 0"):
-        dcp.init_dcp_topk_merge(None, 2000, 0)
-    with pytest.raises(ValueError, match=r"max_rows must be in \[1, 65535\], got 70000"):
-        dcp.init_dcp_topk_merge(None, 2000, 70000)
-    with pytest.raises(ValueError, match="timeout_s must be a positive number"):
-        dcp.init_dcp_topk_merge(None, 2000, 8, timeout_s=0)
-    assert dcp.init_dcp_topk_merge(None, 2000, 8) == 0  # one rank: the generic merge
-
-
 def test_the_step_check_names_the_ranks_once(monkeypatch):
     """dcp_topk_merge_check decodes the one-round error word: late ranks, ranks whose step had
     another row count; it reports an error once, and only the group's (and topk's) workspaces."""
@@ -242,3 +230,29 @@ def test_init_builds_the_workspace_and_warms_the_step_where_every_rank_agrees(mo
     finally:
         GROUPS.pop((group.group_name, 2048), None)
     assert calls == [("workspace", 2, 2048), ("warm", 2, 2048), ("step", torch.float32), ("step", torch.bfloat16)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dcp_zero_rows_and_zero_width(device):
+    """Empty batches and rows with no local tokens: empty outputs and -1 padding, on every device."""
+    world, topk = 2, 256
+    ids = dcp.simulate_dcp_topk(torch.randn(world, 0, 100, device=device),
+                                torch.zeros(world, 0, dtype=torch.int32, device=device), topk)
+    assert ids.shape == (0, topk)
+    packed, rescue = dcp.pack_candidates(torch.randn(0, 100, device=device),
+                                         torch.zeros(0, dtype=torch.int32, device=device), world, 0, topk)
+    global_ids, local_ids, count = dcp.merge_packed(torch.stack([packed] * 2), torch.stack([rescue] * 2), topk, 0)
+    assert global_ids.shape == (0, topk) and count.shape == (0,)
+    lengths = torch.full((world, 3), 5, dtype=torch.int32, device=device)
+    ids = dcp.simulate_dcp_topk(torch.randn(world, 3, 0, device=device), lengths, topk)
+    assert (ids == -1).all() and ids.shape == (3, topk)
+    keys = dcp.local_topk_keys(torch.randn(3, 0, device=device), lengths[0], world, 0, topk)
+    assert (keys == -1).all()
+
+
+def test_workspace_offsets_stay_32_bit():
+    """K = 4096 on 2 ranks: 50,841 rows would put rescue offsets past 2**31."""
+    error = dcp_group._argument_error(4096, 50841, None, 30.0, 2)
+    assert isinstance(error, ValueError) and "max_rows must be at most 50840 for topk=4096 on 2 ranks" in str(error)
+    assert dcp_group._argument_error(4096, 50840, None, 30.0, 2) is None
+    assert isinstance(dcp_group._argument_error("128", 8, None, 30.0, 2), TypeError)

@@ -74,17 +74,3 @@ def test_triton_kernel_in_the_interpreter(next_n):
     kernel.decode_row_lengths(seq_lens, next_n, out)
     assert torch.equal(out, loop(SEQ_LENS * 200, next_n))
 
-
-def test_bad_arguments():
-    s = torch.tensor([4, 5], dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"next_n must be in \[1, 1024\], got 0"):
-        tsd.decode_row_lengths(s, 0)
-    with pytest.raises(TypeError, match="next_n must be an int"):
-        tsd.decode_row_lengths(s, 2.0)
-    with pytest.raises(TypeError, match="seq_lens must have dtype int32"):
-        tsd.decode_row_lengths(s.long(), 2)
-    with pytest.raises(ValueError, match=r"out must have shape \(4,\)"):
-        tsd.decode_row_lengths(s, 2, out=torch.empty(5, dtype=torch.int32))
-    with pytest.raises(ValueError, match="out must not overlap seq_lens"):
-        buf = torch.zeros(6, dtype=torch.int32)
-        tsd.decode_row_lengths(buf[:2], 2, out=buf[1:5])

@@ -277,20 +277,6 @@ def test_grouped_largest_batch(device):
     check(s, scores("few_distinct", (256,), seed=14) * 0.01, 8, device, num_expert_group=8, topk_group=4, scale=2.5)
 
 
-def test_grouped_arguments_are_checked():
-    s, b = torch.rand(2, 64), torch.zeros(64)
-    with pytest.raises(ValueError, match=r"num_expert_group \(5\) must divide the 64 experts"):
-        tsd.moe_route(s, b, 4, num_expert_group=5, topk_group=1)
-    with pytest.raises(ValueError, match=r"topk_group must be in \[1, 8\], got 9"):
-        tsd.moe_route(s, b, 4, num_expert_group=8, topk_group=9)
-    with pytest.raises(ValueError, match="topk must be <= topk_group . experts / num_expert_group = 16"):
-        tsd.moe_route(s, b, 17, num_expert_group=8, topk_group=2)
-    with pytest.raises(TypeError, match="num_expert_group must be an int"):
-        tsd.moe_route(s, b, 4, num_expert_group=8.0, topk_group=2)
-    with pytest.raises(TypeError, match="weights must have dtype float32"):
-        tsd.moe_route(s, b, 4, out=(torch.empty(2, 4, dtype=torch.bfloat16), torch.empty(2, 4, dtype=torch.int32)))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,second", [(64, 4, 32, 16), (512, 20, 32, 16), (1024, 32, 32, 16),
                                                          (544, 20, 32, 15)])

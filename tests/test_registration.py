@@ -1,4 +1,5 @@
-"""The torch.library contract of every op: opcheck, torch.compile(fullgraph=True), argument checks."""
+"""The torch.library contract of every op: opcheck and torch.compile(fullgraph=True). (Bad arguments:
+test_bad_arguments.py.)"""
 
 import importlib
 
@@ -110,122 +111,6 @@ def test_decode_step_compiles_without_graph_break(device):
     for got, want in zip(compiled(*args), decode_step(*args)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch.equal(compiled(*args)[6], compiled(*args)[9])  # one-round == generic
-
-
-BAD = []
-
-
-def bad(name, mutate, exc, match):
-    BAD.append(pytest.param(name, mutate, exc, match, id=f"{name}-{match.split()[0]}-{len(BAD)}"))
-
-
-def _set(i, value):
-    def mutate(args):
-        args = list(args)
-        args[i] = value(args[i]) if callable(value) else value
-        return tuple(args)
-
-    return mutate
-
-
-bad("moe_route", _set(0, lambda t: t.double()), TypeError, "scores must have dtype float32")
-bad("moe_route", _set(0, lambda t: t.t()), ValueError, "scores must be 2-D|scores must be contiguous|weights must")
-bad("moe_route", _set(0, lambda t: torch.rand(5, 64, 2)[..., 0]), ValueError, "scores must be contiguous")
-bad("moe_route", _set(1, lambda t: t[:10]), ValueError, "bias must have shape")
-bad("moe_route", _set(1, lambda t: t.half()), TypeError, "bias must have dtype")
-bad("moe_route", _set(2, 0), ValueError, "topk must be in")
-bad("moe_route", _set(2, 33), ValueError, "topk must be in")
-bad("moe_route", _set(8, lambda t: t[:, :3]), ValueError, "weights must")
-bad("moe_route", _set(8, lambda t: t.half()), TypeError, "weights must have dtype float32")
-bad("moe_route", _set(9, lambda t: t.long()), TypeError, "ids must have dtype int32")
-bad("moe_route", _set(6, 3), ValueError, r"num_expert_group \(3\) must divide the 64 experts")
-bad("moe_route", _set(6, 0), ValueError, "num_expert_group must be in")
-bad("moe_route", _set(6, 64), ValueError, r"num_expert_group must be in \[1, 32\]")
-bad("moe_route", _set(7, 9), ValueError, r"topk_group must be in \[1, 8\]")
-bad("moe_route", lambda a: (*a[:2], 9, *a[3:6], 8, 1, torch.empty(5, 9), torch.empty(5, 9, dtype=torch.int32)),
-    ValueError, "topk must be <= topk_group . experts / num_expert_group = 8")
-bad("moe_route", _set(0, lambda t: torch.rand(2, 2000)), ValueError, "scores must have 1 to 1024 experts")
-bad("moe_route", _set(4, float("nan")), ValueError, "scale must be finite")
-bad("moe_route", _set(4, float("inf")), ValueError, "scale must be finite")
-bad("select_candidate_blocks", _set(0, lambda t: t.double()), TypeError,
-    "logits must have dtype float32 or bfloat16 or float16")
-bad("select_candidate_blocks", _set(0, lambda t: t[:, ::2]), ValueError, "logits must have unit stride")
-bad("select_candidate_blocks", _set(1, lambda t: t.long()), TypeError, "lengths must have dtype int32")
-bad("select_candidate_blocks", _set(1, lambda t: t[:2]), ValueError, "lengths must have shape")
-bad("select_candidate_blocks", _set(2, 0), ValueError, "block_size must be in")
-bad("select_candidate_blocks", _set(2, 257), ValueError, "block_size must be in")
-bad("select_candidate_blocks", _set(4, lambda t: t[:2]), ValueError, "out must have 3 rows")
-bad("select_candidate_blocks", _set(3, 4097), ValueError, "k must be in")
-bad("select_candidate_blocks", _set(3, 9), ValueError, "out must have k = 9 columns")
-bad("indexer_topk", _set(0, lambda t: t.double()), TypeError, "scores must have dtype float32 or bfloat16 or float16")
-bad("indexer_topk", _set(1, lambda t: t.reshape(3, 1)), ValueError, "lengths must be 1-D")
-bad("indexer_topk", lambda a: (*a, a[1].long()), TypeError, "row_starts must have dtype int32")
-bad("select_candidate_blocks", lambda a: (*a, a[1][:2]), ValueError, "row_starts must have shape")
-bad("decode_row_lengths", _set(0, lambda t: t.long()), TypeError, "seq_lens must have dtype int32")
-bad("indexer_topk_fused", _set(6, lambda t: t[:, :24]), ValueError, "must cover the 400 columns")
-bad("indexer_topk_fused", _set(5, lambda t: t.half()), TypeError, "values must have dtype float32")
-bad("decode_row_lengths", _set(1, 1025), ValueError, r"next_n must be in \[1, 1024\]")
-bad("decode_row_lengths", _set(2, lambda t: t[:5]), ValueError, r"out must have shape \(6,\)")
-bad("indexer_topk", _set(2, 15), ValueError, "out must have k = 15 columns")
-bad("indexer_topk", _set(2, 0), ValueError, "k must be in")
-bad("indexer_topk", _set(0, lambda t: torch.empty(3, (1 << 20) + 1)), ValueError, "scores may have at most")
-bad("indexer_topk", lambda a: (torch.empty(65536, 4), torch.zeros(65536, dtype=torch.int32), 16,
-                               torch.empty(65536, 16, dtype=torch.int32)),
-    ValueError, "scores may have at most 65535 rows")
-bad("dcp_pack", _set(2, 17), ValueError, "world_size must be in")
-bad("dcp_pack", _set(3, 4), ValueError, "rank must be in")
-bad("dcp_pack", _set(4, 8), ValueError, "the one-round merge needs")
-bad("dcp_pack", _set(5, lambda t: t[:, :-1]), ValueError, "packed must")
-bad("dcp_pack", _set(6, lambda t: t.long()), TypeError, "rescue must have dtype int32")
-bad("dcp_merge", _set(0, lambda t: t[:1]), ValueError, "gathered.shape")
-bad("dcp_merge", _set(1, lambda t: t[:, :, :-1].contiguous()), ValueError, "rescue must have shape")
-bad("dcp_merge", _set(3, -1), ValueError, "rank must be in")
-bad("dcp_merge", _set(6, lambda t: t[:2]), ValueError, "local_count must have shape")
-bad("dcp_local_keys", _set(5, lambda t: t.int()), TypeError, "keys must have dtype int64")
-bad("dcp_merge_generic", _set(0, lambda t: t.int()), TypeError, "gathered_keys must have dtype int64")
-bad("dcp_merge_generic", _set(2, lambda t: t.float()), TypeError, "global_ids must have dtype int32")
-bad("dcp_topk_merge", _set(3, 7), RuntimeError, "argument 'group_name'")  # the dispatcher's schema check
-bad("dcp_topk_merge", _set(2, 0), ValueError, "topk must be in")
-bad("dcp_topk_merge", _set(4, lambda t: t[:2]), ValueError, "global_ids must have shape")
-
-
-@pytest.mark.parametrize("name,mutate,exc,match", BAD)
-def test_bad_argument_raises_naming_it(name, mutate, exc, match):
-    args = mutate(op_cases("cpu")[name])
-    with pytest.raises(exc, match=match):
-        getattr(torch.ops.sparse_decode, name)(*args)
-
-
-@pytest.mark.gpu
-def test_device_mismatch_is_named():
-    args = list(op_cases("cuda")["indexer_topk"])
-    args[1] = args[1].cpu()
-    with pytest.raises(ValueError, match="lengths must be on scores's device"):
-        torch.ops.sparse_decode.indexer_topk(*args)
-
-
-def test_wrappers_check_scalar_types():
-    s, b = torch.rand(2, 8), torch.zeros(8)
-    with pytest.raises(TypeError, match="topk must be an int"):
-        tsd.moe_route(s, b, 2.0)
-    with pytest.raises(TypeError, match="renormalize must be a bool"):
-        tsd.moe_route(s, b, 2, renormalize=1)
-    with pytest.raises(TypeError, match="scale must be a float"):
-        tsd.moe_route(s, b, 2, scale="x")
-    with pytest.raises(TypeError, match="k must be an int"):
-        tsd.indexer_topk(s, torch.zeros(2, dtype=torch.int32), 4.0)
-    with pytest.raises(TypeError, match="block_size must be an int"):
-        tsd.select_candidate_blocks(s, torch.zeros(2, dtype=torch.int32), True, 4)
-
-
-def test_wrappers_check_before_allocating():
-    with pytest.raises(TypeError, match="scores must be a torch.Tensor"):
-        tsd.indexer_topk([1.0, 2.0], torch.zeros(1, dtype=torch.int32), 4)
-    with pytest.raises(ValueError, match="topk must be in"):
-        tsd.moe_route(torch.rand(2, 8), torch.zeros(8), 9)
-    with pytest.raises(ValueError, match="out must have k = 4 columns"):
-        tsd.select_candidate_blocks(torch.rand(2, 8), torch.zeros(2, dtype=torch.int32), 2, 4,
-                                    out=torch.empty(2, 5, dtype=torch.int32))
 
 
 def test_warmup_runs_every_op_but_the_process_group_step():
