@@ -2,8 +2,11 @@
 one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the harness's method).
 
     python benchmarks/bench_topk.py [--quick] [--dtype float32|bfloat16|float16] [--results FILE]
+        [--tables main,windows,fused,short]
 
 ``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
+``short``: decode's everyday rows (8K and 16K columns) through the engine and through the one-CTA
+short-row path, switched in the same process, on random, ragged and tie-heavy rows.
 """
 
 from __future__ import annotations
@@ -106,6 +109,43 @@ def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> Non
                   f"{fused - plain:+.2f}", "yes" if fused - plain <= 0.5 else "no")
 
 
+# The short-row bars (us) where the path's widths meet them: rows x width -> bar.
+SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 << 10): 12.0}
+
+
+def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
+    """indexer_topk on ``kind`` rows (randn at full length, randn at ragged lengths, four values)
+    through the engine and through the short-row path, beside torch.topk."""
+    from torch_sparse_decode.kernels.topk import short_row
+
+    def make(seed: int):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        if kind == "ties":
+            x = torch.randint(0, 4, (rows, width), device="cuda", generator=gen).float()
+        else:
+            x = torch.randn(rows, width, device="cuda", generator=gen)
+        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+        if kind == "ragged":
+            ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen, dtype=torch.int32)
+        return x.to(dtype), ends
+
+    sets = rotation(make, rows * width * dtype.itemsize)
+    out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+    topk = torch.ops.sparse_decode.indexer_topk
+    saved, times = short_row.SHORT_ROWS, {}
+    try:
+        for path in ("engine", "short"):
+            short_row.SHORT_ROWS = path == "short"
+            times[path] = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
+    finally:
+        short_row.SHORT_ROWS = saved
+    base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
+    bar = SHORT_BARS.get((rows, width))
+    table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], times["short"],
+              f"{times['engine'] / times['short']:.2f}x", base, bar or "", "" if bar is None else
+              "yes" if times["short"] <= bar else "no")
+
+
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
@@ -126,6 +166,15 @@ def main() -> None:
                                                (8, 100_000, 256 << 10, 0, 1)][: 2 if args.quick else None]:
             bench_windows(windows, rows, window, width, bs, align)
         windows.emit(args.results)
+    if "short" in tables:
+        short = Table(f"indexer_topk on decode's everyday rows: the engine and the short-row path, k={K}",
+                      ["shape", "rows", "engine (us)", "short path (us)", "speedup", "torch.topk (us)", "bar (us)",
+                       "meets bar"])
+        for rows in (1, 8) if args.quick else (1, 8, 64, 256):
+            for width in (8 << 10, 16 << 10):
+                for kind in ("randn", "ragged", "ties"):
+                    bench_short(short, rows, width, kind, dtype)
+        short.emit(args.results)
     if "fused" in tables:
         fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
                       ["op", "shape", "outputs", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])

@@ -15,7 +15,9 @@ bf16, fp16), ``select_candidate_blocks`` (fp32, bf16, fp16 logits), the DCP pack
 ord16 select + the B' writer), the one-round DCP merge of simulated ranks (against the generic
 merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
-a (seed, index) pair is its own reproducer.
+a (seed, index) pair is its own reproducer. With TORCH_SPARSE_DECODE_SHORT_ROWS=1, ``indexer_topk``
+batches of at most 16K columns take the one-CTA short-row path: widths are drawn at its switch
+(16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 """
 
 from __future__ import annotations
@@ -114,6 +116,8 @@ def draw_k(rng: random.Random) -> int:
 
 def draw_width(rng: random.Random, cap: int) -> int:
     r = rng.random()
+    if r < 0.05:  # at the short-row path's switch (TORCH_SPARSE_DECODE_SHORT_ROWS=1)
+        return min(cap, tsd_short_row().SHORT_MAX + rng.choice([-1, 0, 1]))
     if r < 0.4:
         return log_uniform(rng, 1, min(cap, 20000))
     if r < 0.75:
@@ -127,6 +131,7 @@ def key_edges(rows: int, keys: int, k: int) -> list[int]:
     ranks = tsd_engine().cluster_size(rows, keys, sms())
     e = tsd_engine()
     edges = [-1, 0, 1, k - 1, k, k + 1, k + 2, keys - 1, keys, keys + 17]
+    edges += [m * tsd_short_row().THREADS + d for m in (1, 8, 16) for d in (-1, 0, 1)]  # the short path's runs
     for m in sorted({1, ranks}):
         for v in (e.TILE, e.ONE_READ_FROM, e.ONE_READ_FROM + e.TILE, e.STAGES * e.TILE, e.CAP, e.SPAN_PER_CTA, k):
             edges += [m * v - 1, m * v, m * v + 1]
@@ -229,6 +234,12 @@ def tsd_engine():
     from torch_sparse_decode.kernels import topk
 
     return topk
+
+
+def tsd_short_row():
+    from torch_sparse_decode.kernels.topk import short_row
+
+    return short_row
 
 
 def sms() -> int:

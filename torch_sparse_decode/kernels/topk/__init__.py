@@ -50,7 +50,9 @@ Modules, by concern: ``keys`` (the key encoding and the radix digits), ``layout`
 table of the CTA's shared memory), ``cluster`` (warp and cluster primitives), ``stream`` (the
 tile ring), ``digits`` (the digit search and the two-pass copy), ``one_read`` (the gated copy),
 ``output`` (writing the ids and the fused outputs), ``engine`` (the kernel, as a sequence of
-phases, and its catalog of builds) and ``launch`` (the cluster size and the ops' call).
+phases, and its catalog of builds), ``launch`` (the cluster size, which batches take the
+short-row path, and the ops' call) and ``short_row`` (the one-CTA select of rows of at most
+16K keys, opt-in: ``TORCH_SPARSE_DECODE_SHORT_ROWS=1``).
 """
 
 from .engine import RadixTopk, catalog, compiled

@@ -49,6 +49,21 @@ def ord16_key(x: Float32) -> Uint32:
 
 
 @cute.jit
+def source_key(x, source: cutlass.Constexpr, ord16: cutlass.Constexpr[bool]) -> Uint32:
+    """The key of an element of a ``source`` row: block keys are already ordered; float scores
+    by their full bits, or (``ord16``, the DCP pack) by their bf16 ord16; bf16 / fp16 widen exactly."""
+    if cutlass.const_expr(source is Int32):
+        key = x.bitcast(Uint32)
+    elif cutlass.const_expr(ord16):
+        key = ord16_key(x.to(Float32))
+    elif cutlass.const_expr(source is not Float32):
+        key = ordered_key(x.to(Float32))
+    else:
+        key = ordered_key(x)
+    return key
+
+
+@cute.jit
 def digit_of(key: Uint32, p: cutlass.Constexpr[int]) -> Int32:
     shift, bits = DIGITS[p]
     return Int32((key >> Uint32(shift)) & Uint32((1 << bits) - 1))

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from . import short_row
 from .engine import compiled
 from .layout import MAX_CLUSTER, SPAN_PER_CTA
 
@@ -40,6 +41,13 @@ def _none(like: torch.Tensor) -> torch.Tensor:
     return _NONE[key]
 
 
+def takes_short_row(src: torch.Tensor, cols: int, pinned: bool, ord16: bool, fused: bool) -> bool:
+    """Whether a batch takes the one-CTA short-row select (opted into with ``short_row.SHORT_ROWS``):
+    score rows of at most SHORT_MAX columns, ids alone. A shape test, the same in every replay."""
+    return (short_row.SHORT_ROWS and cols <= short_row.SHORT_MAX and src.dtype in short_row.DIGIT_ROUNDS
+            and not (pinned or ord16 or fused))
+
+
 def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
            pinned: bool, ord16: bool = False, starts: torch.Tensor | None = None, table: torch.Tensor | None = None,
            page: int = 0, raw: torch.Tensor | None = None, values: torch.Tensor | None = None) -> None:
@@ -51,10 +59,13 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     rows = out.shape[0]
     if rows == 0:
         return
-    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     windowed = starts is not None
     want = int(raw is not None) | 2 * int(values is not None)
     fused = table is not None or want != 0
+    if takes_short_row(src, cols, pinned, ord16, fused):
+        short_row.compiled(src.dtype)(src, lengths, starts if windowed else lengths, int(windowed), cols, k_sel, out)
+        return
+    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     compiled(src.dtype, pinned, ctas, ord16, fused=fused)(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
         _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,

@@ -10,10 +10,10 @@ from typing import NamedTuple
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32, Int64, Uint32
+from cutlass import Int32, Int64, Uint32
 
 from ..cute import copy_async16
-from .keys import ord16_key, ordered_key
+from .keys import source_key
 from .layout import PER, STAGES, TILE, WARP_SPAN
 
 
@@ -41,15 +41,7 @@ class Streaming:
 
     @cute.jit
     def key_of(self, x) -> Uint32:
-        if cutlass.const_expr(self.source is Int32):
-            key = x.bitcast(Uint32)  # block keys, already ordered
-        elif cutlass.const_expr(self.ord16):
-            key = ord16_key(x.to(Float32))
-        elif cutlass.const_expr(self.source is not Float32):  # bf16 / fp16 widen exactly
-            key = ordered_key(x.to(Float32))
-        else:
-            key = ordered_key(x)
-        return key
+        return source_key(x, self.source, self.ord16)
 
     @cute.jit
     def fetch(self, src: cute.Tensor, ring: cute.Tensor, span: Span, j: Int32, tid: Int32):

@@ -1,0 +1,136 @@
+"""The one-CTA short-row select (kernels/topk/short_row.py), opted into with
+TORCH_SPARSE_DECODE_SHORT_ROWS=1 until it has run on a GPU: which batches take it and that it
+compiles and fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a
+thread's run of keys and of the switch, in every score dtype, windowed, in a CUDA graph, and
+the same ids as the engine on the same rows."""
+
+import os
+
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import KINDS, poisoned, scores
+from test_indexer_topk import window_edges
+from test_kernels_compile import SM90_SMEM, compiled_smem_bytes
+from torch_sparse_decode.dtypes import TOPK_SCORES
+from torch_sparse_decode.kernels.topk import launch, short_row
+
+SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
+
+
+@pytest.fixture
+def short_rows(monkeypatch):
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+
+
+@pytest.mark.parametrize("dtype", TOPK_SCORES)
+def test_compiles_and_fits_sm90(dtype):
+    assert compiled_smem_bytes(short_row.compiled, dtype) <= SM90_SMEM
+
+
+def test_off_by_default_and_then_not_built(monkeypatch):
+    assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") == "1")
+    monkeypatch.setattr(short_row, "SHORT_ROWS", False)
+    assert short_row.catalog(None) == []
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    assert short_row.catalog(None) == [(dtype,) for dtype in TOPK_SCORES]
+
+
+def test_which_batches_take_it(monkeypatch):
+    """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
+    taken = []
+    monkeypatch.setattr(short_row, "compiled", lambda dtype: lambda *args: taken.append(("short", dtype)))
+    monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append(("engine", args[0])))
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+
+    def batch(width, dtype=torch.float32, **kw):
+        taken.clear()
+        x = torch.zeros(2, width, dtype=dtype)
+        launch.select(x, torch.zeros(2, dtype=torch.int32), width, 1, 4, torch.empty(2, 4, dtype=torch.int32),
+                      pinned=False, **kw)
+        return taken[0][0]
+
+    assert batch(SHORT_MAX) == "engine"  # not opted into
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    for dtype in TOPK_SCORES:
+        assert batch(SHORT_MAX, dtype) == "short" and batch(1, dtype) == "short"
+        assert batch(SHORT_MAX, dtype, starts=torch.zeros(2, dtype=torch.int32)) == "short"
+    assert batch(SHORT_MAX + 1) == "engine"
+    assert batch(100, ord16=True) == "engine"
+    assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
+    assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
+
+
+def edge_lengths(k: int, width: int) -> torch.Tensor:
+    """k's edges, the runs' (n = THREADS * m +- 1: runs of m and m + 1 keys), and the width's."""
+    values = [-3, 0, 1, k - 1, k, k + 1, k + 2, width - 1, width, width + 9]
+    for m in (1, 2, 8, 15, 16):
+        values += [THREADS * m - 1, THREADS * m, THREADS * m + 1]
+    return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
+
+
+def check(x, lengths, k, starts=None):
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
+    if starts is None:
+        want = oracle.topk_tokens(x.float(), lengths, k)
+    else:
+        want = oracle.windowed(oracle.topk_tokens, x.float(), starts, lengths, k)
+    assert torch.equal(out.cpu(), want)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k,width", [(1, 300), (7, 4097), (64, SHORT_MAX), (2048, 8192), (2048, SHORT_MAX),
+                                     (4096, SHORT_MAX - 1)])
+def test_every_kind_and_boundary(short_rows, kind, k, width):
+    lengths = edge_lengths(k, width)
+    check(scores(kind, (lengths.numel(), width), seed=k), lengths, k)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "relu_zeros", "all_equal", "tiny_negative", "nan_mixed",
+                                  "inf_mixed", "signed_zeros"])
+def test_half_precision(short_rows, dtype, kind):
+    """bf16 / fp16 keys take two / three digits; the bits below follow from t's sign."""
+    lengths = edge_lengths(512, SHORT_MAX)
+    check(scores(kind, (lengths.numel(), SHORT_MAX), seed=5).to(dtype), lengths, 512)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed"])
+@pytest.mark.parametrize("k", [1, 64, 2048])
+def test_windows(short_rows, kind, k):
+    starts, ends = window_edges(k, SHORT_MAX - 50)
+    width = SHORT_MAX
+    x = scores(kind, (starts.numel(), width), seed=k)
+    col = torch.arange(width)
+    x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
+    check(x, ends, k, starts)
+
+
+@pytest.mark.gpu
+def test_the_same_ids_as_the_engine(short_rows):
+    """The rows of a batch one column too wide for the path (the engine) give the same ids."""
+    lengths = edge_lengths(2048, SHORT_MAX).clamp(max=SHORT_MAX)
+    x = scores("few_distinct", (lengths.numel(), SHORT_MAX), seed=3)
+    short = check(x, lengths, 2048)
+    wide = torch.cat([x, torch.full((x.shape[0], 1), float("inf"))], dim=1)  # never read: past every length
+    engine = check(wide, lengths, 2048)
+    assert torch.equal(short, engine)
+
+
+@pytest.mark.gpu
+def test_in_a_cuda_graph(short_rows):
+    from graphs import capture_graph, replay_matches
+
+    lengths = edge_lengths(2048, 8192)
+    x = scores("random", (lengths.numel(), 8192), seed=1).cuda()
+    graphed = capture_graph(lambda s, n: tsd.indexer_topk(s, n, 2048), x, lengths.cuda())
+    fresh = [(scores(kind, tuple(x.shape), seed=9).cuda(), lengths.roll(i).cuda())
+             for i, kind in enumerate(["random", "all_equal", "nan_mixed", "few_distinct"])]
+    assert replay_matches(graphed, fresh, lambda s, n: oracle.topk_tokens(s.cpu(), n.cpu(), 2048)) == 4

@@ -1,0 +1,226 @@
+"""The short-row select (CuTe DSL): the top-k of a row whose window holds at most SHORT_MAX keys,
+in one CTA, with no cluster, ring or copy.
+
+- One CTA of THREADS threads per row. The window's n keys are split into THREADS contiguous runs
+  of ceil(n / THREADS) <= PER keys, one per thread, read once into registers: thread order is id
+  order.
+- The k-th largest key t is found one 8-bit digit at a time, top first (four digits for fp32
+  keys; bf16 and fp16 keys widen to fp32 with their low 16 / 8 bits fixed by the sign, so two
+  and three digits, and the rest follows from t's sign). Each digit is read off a 256-bin
+  histogram of the keys that match the digits found so far. The histogram is kept once per
+  lane (a warp's lanes never add to one address; a thread adds a run of equal digits at once),
+  so rows of one or few values cost no more than random ones; the CTA sums the copies and one
+  warp scans the bins from the top.
+- Output: each thread counts its keys > t and == t; one CTA-wide scan of both counts places
+  every kept id: a key > t at (keys > t before it) + min(ties before it, ties taken), a tie iff
+  fewer than ``take`` ties precede it. Ids come out ascending, ties to the lowest ids, with no
+  sort; nothing is written outside ``out``.
+- A row of at most k keys keeps them all (every valid id, then -1), as the engine does.
+
+The ops take it where ``launch.select`` finds the batch's columns <= SHORT_MAX (a shape test:
+graph-safe, and both paths are exact, so a row's ids never depend on the other rows), behind
+``SHORT_ROWS`` until it has run on a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32
+
+from ...dtypes import TOPK_SCORES, cute_type
+from ..compile import cached_kernel, fake_stream, fake_tensor
+from ..cute import block_exclusive, popc, warp_inclusive, zero_fill
+from .keys import source_key
+
+# Opt-in until the path has run on a GPU: TORCH_SPARSE_DECODE_SHORT_ROWS=1.
+SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
+
+THREADS = 1024
+WARPS = THREADS // 32
+PER = 16  # keys per thread at most
+SHORT_MAX = THREADS * PER  # the widest window the path takes
+RADIX = 8
+BINS = 1 << RADIX
+COPY = BINS + 1  # words per lane's histogram copy: the copies' same bins fall in distinct banks
+PARTS = THREADS // BINS  # the copies are summed in PARTS groups of 32 // PARTS
+# Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
+# all 0 (non-negative scores) or all 1 (negative ones: ordered_key flips them).
+DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}
+DIGIT, ABOVE = range(2)  # info words: the digit found, the keys in the bins above it
+
+
+class ShortRowTopk:
+    """The short-row select for one source dtype."""
+
+    def __init__(self, source: torch.dtype):
+        self.source = cute_type(source)
+        self.rounds = DIGIT_ROUNDS[source]
+
+    @cute.jit
+    def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
+                 k: Int32, out: cute.Tensor, stream):
+        self.kernel(src, lengths, starts, windowed, cols, k, out).launch(
+            grid=[out.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
+               k: Int32, out: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        end = max(min(lengths[row], cols), Int32(0))
+        first = cutlass.select_(windowed != 0, min(max(starts[row], Int32(0)), end), Int32(0))
+        n = end - first
+        smem = cutlass.memory.SmemAllocator()
+        hist = smem.allocate_tensor(Int32, cute.make_layout(32 * COPY), 16)
+        parts = smem.allocate_tensor(Int32, cute.make_layout(PARTS * BINS), 16)
+        info = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
+        warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        if n <= k:  # every valid id, then -1
+            for j in range(tid, out.shape[1], THREADS):
+                out[row, j] = cutlass.select_(j < n, j, Int32(-1))
+        else:
+            zero_fill(hist, 32 * COPY, tid, THREADS)
+
+            run = (n + THREADS - 1) // THREADS  # keys per thread (<= PER)
+            lo = tid * run
+            keys = cute.make_rmem_tensor(PER, Uint32)
+            for i in cutlass.range_constexpr(PER):  # every load in flight before the first use
+                j = lo + i
+                x = src[row, first + min(j, n - 1)]  # n > k >= 1: in the window
+                keys[i] = cutlass.select_((run > i) & (j < n), source_key(x, self.source, False), Uint32(0))
+            cute.arch.sync_threads()
+
+            t, take = self.threshold(keys, k, hist, parts, info, tid)
+            self.write_kept(keys, t, take, lo, row, out, warp_sums, tid)
+
+    @cute.jit
+    def threshold(self, keys: cute.Tensor, k: Int32, hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor,
+                  tid: Int32):
+        """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
+        need = k
+        t = Uint32(0)
+        for p in cutlass.range_constexpr(self.rounds):
+            shift = 32 - RADIX * (p + 1)
+            self.count(keys, t, p, shift, hist, tid)
+            cute.arch.sync_threads()
+            self.sum_copies(hist, parts, tid)
+            cute.arch.sync_threads()
+            if tid < 32:
+                self.scan_bins(parts, info, need, tid)
+            cute.arch.sync_threads()
+            t = t | (Uint32(info[DIGIT]) << Uint32(shift))
+            need = need - info[ABOVE]
+        low = 32 - RADIX * self.rounds
+        if cutlass.const_expr(low > 0):  # the bits below the digits follow from the sign
+            fill = Uint32((1 << low) - 1)
+            t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
+        return t, need
+
+    @cute.jit
+    def count(self, keys: cute.Tensor, t: Uint32, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int],
+              hist: cute.Tensor, tid: Int32):
+        """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
+        a run of equal digits at once."""
+        copy = (tid % 32) * COPY
+        current = Int32(-1)
+        run = Int32(0)
+        for i in cutlass.range_constexpr(PER):
+            key = keys[i]
+            live = key != Uint32(0)
+            if cutlass.const_expr(p > 0):
+                live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
+            digit = cutlass.select_(live, Int32((key >> Uint32(shift)) & Uint32(BINS - 1)), Int32(-1))
+            if digit != current:
+                if run > 0:
+                    cute.arch.atomic_add(hist.iterator + (copy + current), run)
+                current = digit
+                run = Int32(0)
+            run = run + cutlass.select_(digit >= 0, Int32(1), Int32(0))
+        if run > 0:
+            cute.arch.atomic_add(hist.iterator + (copy + current), run)
+
+    @cute.jit
+    def sum_copies(self, hist: cute.Tensor, parts: cute.Tensor, tid: Int32):
+        """parts[q * BINS + b]: bin b summed over the q-th group of lane copies, which this thread
+        then clears for the next digit (it is their only reader)."""
+        b = tid % BINS
+        q = tid // BINS
+        per = 32 // PARTS
+        total = Int32(0)
+        for c in cutlass.range_constexpr(per):
+            at = (q * per + c) * COPY + b
+            total = total + hist[at]
+            hist[at] = Int32(0)
+        parts[q * BINS + b] = total
+
+    @cute.jit
+    def scan_bins(self, parts: cute.Tensor, info: cute.Tensor, need: Int32, lane: Int32):
+        """One warp: the digit whose bin, counting down from the top bin, reaches ``need``, and the
+        keys in the bins above it, into ``info``. Lane l holds bins 255 - 8l .. 248 - 8l."""
+        width = BINS // 32
+        counts = cute.make_rmem_tensor(width, Int32)
+        mine = Int32(0)
+        for i in cutlass.range_constexpr(width):
+            b = BINS - 1 - width * lane - i
+            v = Int32(0)
+            for q in cutlass.range_constexpr(PARTS):
+                v = v + parts[q * BINS + b]
+            counts[i] = v
+            mine = mine + v
+        inclusive = warp_inclusive(mine, lane)
+        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
+        if lane == popc((reached & (Uint32(0) - reached)) - Uint32(1)):
+            above = inclusive - mine
+            found = Int32(0)
+            for i in cutlass.range_constexpr(width):
+                if (found == 0) & (above + counts[i] >= need):
+                    info[DIGIT] = BINS - 1 - width * lane - i
+                    info[ABOVE] = above
+                    found = Int32(1)
+                if found == 0:
+                    above = above + counts[i]
+
+    @cute.jit
+    def write_kept(self, keys: cute.Tensor, t: Uint32, take: Int32, lo: Int32, row: Int32, out: cute.Tensor,
+                   warp_sums: cute.Tensor, tid: Int32):
+        """The kept ids at their places: keys > t and the first ``take`` keys == t, in id order."""
+        kept = Int32(0)
+        tied = Int32(0)
+        for i in cutlass.range_constexpr(PER):
+            kept = kept + cutlass.select_(keys[i] > t, Int32(1), Int32(0))
+            tied = tied + cutlass.select_(keys[i] == t, Int32(1), Int32(0))
+        # Both counts in one scan: each is at most SHORT_MAX < 2**16.
+        before, _ = block_exclusive(kept | (tied << 16), warp_sums, tid, WARPS)
+        kept_before = before & Int32(0xFFFF)
+        tied_before = before >> 16
+        width = out.shape[1]
+        for i in cutlass.range_constexpr(PER):
+            above = keys[i] > t
+            at_t = keys[i] == t
+            slot = kept_before + min(tied_before, take)
+            if (above | (at_t & (tied_before < take))) & (slot < width):  # exact counts never fail the last
+                out[row, slot] = lo + i
+            kept_before = kept_before + cutlass.select_(above, Int32(1), Int32(0))
+            tied_before = tied_before + cutlass.select_(at_t, Int32(1), Int32(0))
+
+
+def catalog(target) -> list[tuple]:
+    """One build per score dtype, while the path is opted into (``SHORT_ROWS``)."""
+    return [(source,) for source in TOPK_SCORES] if SHORT_ROWS else []
+
+
+@cached_kernel("topk_short_row", catalog)
+def compiled(source: torch.dtype):
+    """The short-row select for one score dtype, from fake tensors (no GPU needed)."""
+    rows, width = cute.sym_int(), cute.sym_int()
+    src = fake_tensor(cute_type(source), (rows, width), (cute.sym_int64(), 1))
+    lengths = fake_tensor(Int32, (rows,), (1,))
+    starts = fake_tensor(Int32, (rows,), (1,))
+    out = fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
+    return cute.compile(ShortRowTopk(source), src, lengths, starts, Int32(0), Int32(0), Int32(1), out, fake_stream(),
+                        options="--enable-tvm-ffi")
