@@ -52,6 +52,7 @@ def test_which_batches_take_it(monkeypatch):
                       pinned=False, **kw)
         return taken[0][0]
 
+    monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert batch(SHORT_MAX) == "engine"  # not opted into
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     for dtype in TOPK_SCORES:

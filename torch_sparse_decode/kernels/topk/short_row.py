@@ -55,11 +55,14 @@ DIGIT, ABOVE = range(2)  # info words: the digit found, the keys in the bins abo
 
 
 class ShortRowTopk:
-    """The short-row select for one source dtype."""
+    """The short-row select for one source dtype. ``copies``: whose histogram copy a key counts
+    in, "lane" (a thread adds a run of equal digits at once) or "warp" (a warp's lanes with equal
+    digits add once, found with match.any)."""
 
-    def __init__(self, source: torch.dtype):
+    def __init__(self, source: torch.dtype, copies: str = "lane"):
         self.source = cute_type(source)
         self.rounds = DIGIT_ROUNDS[source]
+        self.copies = copies
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
@@ -124,9 +127,13 @@ class ShortRowTopk:
     @cute.jit
     def count(self, keys: cute.Tensor, t: Uint32, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int],
               hist: cute.Tensor, tid: Int32):
-        """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
-        a run of equal digits at once."""
-        copy = (tid % 32) * COPY
+        """Add this thread's keys whose digits above digit p are t's to a histogram copy: its
+        lane's, a run of equal digits at once; or its warp's, once per digit among the lanes."""
+        lane = tid % 32
+        copy = lane * COPY
+        if cutlass.const_expr(self.copies == "warp"):
+            copy = (tid // 32) * COPY
+        lower = (Uint32(1) << Uint32(lane)) - Uint32(1)
         current = Int32(-1)
         run = Int32(0)
         for i in cutlass.range_constexpr(PER):
@@ -135,12 +142,17 @@ class ShortRowTopk:
             if cutlass.const_expr(p > 0):
                 live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
             digit = cutlass.select_(live, Int32((key >> Uint32(shift)) & Uint32(BINS - 1)), Int32(-1))
-            if digit != current:
-                if run > 0:
-                    cute.arch.atomic_add(hist.iterator + (copy + current), run)
-                current = digit
-                run = Int32(0)
-            run = run + cutlass.select_(digit >= 0, Int32(1), Int32(0))
+            if cutlass.const_expr(self.copies == "warp"):
+                peers = cute.arch.match_sync(0xFFFFFFFF, digit, "any")
+                if (digit >= 0) & ((peers & lower) == Uint32(0)):
+                    cute.arch.atomic_add(hist.iterator + (copy + digit), popc(peers))
+            else:
+                if digit != current:
+                    if run > 0:
+                        cute.arch.atomic_add(hist.iterator + (copy + current), run)
+                    current = digit
+                    run = Int32(0)
+                run = run + cutlass.select_(digit >= 0, Int32(1), Int32(0))
         if run > 0:
             cute.arch.atomic_add(hist.iterator + (copy + current), run)
 
