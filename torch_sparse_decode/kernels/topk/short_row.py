@@ -19,7 +19,7 @@ in one CTA, with no cluster, ring or copy.
 
 The ops take it where ``launch.select`` finds the batch's columns <= SHORT_MAX (a shape test:
 graph-safe, and both paths are exact, so a row's ids never depend on the other rows), behind
-``SHORT_ROWS`` until it has run on a GPU.
+``SHORT_ROWS``: exact on the H200, but not yet faster than the engine (docs/topk_engine.md).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from ..compile import cached_kernel, fake_stream, fake_tensor
 from ..cute import block_exclusive, popc, warp_inclusive, zero_fill
 from .keys import source_key
 
-# Opt-in until the path has run on a GPU: TORCH_SPARSE_DECODE_SHORT_ROWS=1.
+# Opt-in until the path is faster than the engine: TORCH_SPARSE_DECODE_SHORT_ROWS=1.
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
 
 THREADS = 1024
