@@ -1,5 +1,5 @@
 """The one-CTA short-row select (kernels/topk/short_row.py), opted into with
-TORCH_SPARSE_DECODE_SHORT_ROWS=1 until it has run on a GPU: which batches take it and that it
+TORCH_SPARSE_DECODE_SHORT_ROWS=1 until it is faster than the engine: which batches take it and that it
 compiles and fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a
 thread's run of keys and of the switch, in every score dtype, windowed, in a CUDA graph, and
 the same ids as the engine on the same rows."""
