@@ -3,7 +3,7 @@
     python tests/sanitize.py                    # all three tools; exit 1 on any error
     python tests/sanitize.py --tools memcheck   # one tool
     python tests/sanitize.py --matrix           # the matrix alone, no sanitizer (what each tool runs)
-    python tests/sanitize.py --sections dcp     # a part of the matrix (topk, dcp, moe, front, fuzz)
+    python tests/sanitize.py --sections dcp     # a part of the matrix (topk, short, dcp, moe, front, fuzz)
 
 The matrix runs each kernel in the configurations that take its different paths: the top-k
 engine at every cluster size (1, 2, 4, 8 CTAs per row), fp32 / bf16 / block keys / ord16 keys,
@@ -35,7 +35,7 @@ TOOLS = {  # tool -> extra flags
 }
 
 
-SECTIONS = ("topk", "dcp", "moe", "front", "fuzz")
+SECTIONS = ("topk", "short", "dcp", "moe", "front", "fuzz")
 
 
 def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
@@ -122,6 +122,27 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
             expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
                    oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
+    if "short" in sections:  # the opt-in short-row path (TORCH_SPARSE_DECODE_SHORT_ROWS), switched on here
+        from torch_sparse_decode.kernels.topk import short_row
+
+        saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
+        try:
+            for width in (1000, 8193, short_row.SHORT_MAX):
+                for dtype in TOPK_SCORES:
+                    x = torch.randn(6, width + 1, generator=gen)[:, 1:]  # unaligned rows
+                    x[1] = torch.arange(width).flip(0).float()
+                    x[2] = 0.5
+                    x[3, ::3] = float("nan")
+                    lengths = torch.tensor([width, width, width, width // 2 + 1, 0, 1025], dtype=torch.int32)
+                    for k in (1, 2048, 4096):
+                        got = tsd.indexer_topk(x.to(dtype).cuda(), lengths.cuda(), k)
+                        expect(f"short {str(dtype)[6:]} 6x{width} k={k}", got,
+                               oracle.topk_tokens(x.to(dtype).float(), lengths, k))
+                starts = torch.tensor([0, 1, width // 2, width - 2, width + 5, 7], dtype=torch.int32)
+                got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 64, row_starts=starts.cuda())
+                expect(f"short windows 6x{width}", got, oracle.windowed(oracle.topk_tokens, x, starts, lengths, 64))
+        finally:
+            short_row.SHORT_ROWS = saved
     dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))
     for world, topk, length in dcp_worlds if "dcp" in sections else ():
         x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)
