@@ -163,27 +163,3 @@ def test_cuda_kernel_module_contract(op):
     CUDA) is a function where it has one."""
     module = importlib.import_module(CUDA_KERNELS[op])
     assert callable(getattr(module, op)) and callable(getattr(module, "warm", print))
-
-
-def test_warm_up_work_runs_on_threads_when_asked(monkeypatch):
-    """TORCH_SPARSE_DECODE_WARM_THREADS=4: four calls that each wait for the other three finish
-    (one after another they would time out); =1: in order on this thread; errors re-raised."""
-    import threading
-
-    from torch_sparse_decode._library import in_threads
-
-    monkeypatch.setenv("TORCH_SPARSE_DECODE_WARM_THREADS", "4")
-    meet = threading.Barrier(4, timeout=30)
-    seen = []
-    in_threads([lambda: seen.append(meet.wait() is not None and threading.get_ident()) for _ in range(4)])
-    assert len(set(seen)) == 4 and threading.get_ident() not in seen
-    monkeypatch.setenv("TORCH_SPARSE_DECODE_WARM_THREADS", "1")
-    order = []
-    in_threads([lambda i=i: order.append((i, threading.get_ident())) for i in range(3)])
-    assert order == [(i, threading.get_ident()) for i in range(3)]
-
-    def fails():
-        raise RuntimeError("planted")
-
-    with pytest.raises(RuntimeError, match="planted"):
-        in_threads([lambda: None, fails])

@@ -17,7 +17,6 @@ Checks read tensor metadata only (dtype, device, shape, strides): never data, so
 from __future__ import annotations
 
 import functools
-import os
 import importlib
 import numbers
 import operator
@@ -54,7 +53,7 @@ def define_op(name: str, mutates_args: Sequence[str], check: Callable[..., None]
             op.register_kernel("cuda")(_checked(_lazy_kernel(name, load, reference), check))
             if cuda not in _WARMED:
                 _WARMED.append(cuda)
-                register_warmup(functools.partial(_warm_kernels, load), concurrent=True)
+                register_warmup(functools.partial(_warm_kernels, load))
         _OPS[name] = op
         return op
 
@@ -343,43 +342,16 @@ def topk_out(like: object, name: str, k: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Warm-up hooks: kernels register how to compile themselves before CUDA graph capture.
 
-_WARMUPS: list[tuple[Callable[[torch.device], None], bool]] = []
+_WARMUPS: list[Callable[[torch.device], None]] = []
 
 
-def register_warmup(fn: Callable[[torch.device], None], concurrent: bool = False) -> Callable[[torch.device], None]:
-    """Decorator: ``fn(device)`` compiles and runs a kernel once; ``warmup()`` calls every hook.
-    ``concurrent`` hooks (the kernel modules' own, independent of each other) run first, at once
-    on up to ``warm_threads()`` threads."""
-    _WARMUPS.append((fn, concurrent))
+def register_warmup(fn: Callable[[torch.device], None]) -> Callable[[torch.device], None]:
+    """Decorator: ``fn(device)`` compiles and runs a kernel once; ``warmup()`` calls every hook."""
+    _WARMUPS.append(fn)
     return fn
 
 
-def warm_threads() -> int:
-    """Threads warm-up work may take: $TORCH_SPARSE_DECODE_WARM_THREADS (default 1: one call after
-    another; ``0``: one per core). Warm-up work is mostly Triton compiles, whose passes and ptxas
-    run outside the GIL (on 2 CPU cores, 4 block-key compiles took 1.48 s one after another and
-    0.61 s on 4 threads); the default stays 1 until threads are measured on a GPU."""
-    threads = int(os.environ.get("TORCH_SPARSE_DECODE_WARM_THREADS", "1"))
-    return threads if threads > 0 else os.cpu_count() or 1
-
-
-def in_threads(calls: Sequence[Callable[[], object]]) -> None:
-    """Run ``calls`` on up to ``warm_threads()`` threads at once and re-raise the first error."""
-    threads = min(len(calls), warm_threads())
-    if threads <= 1:
-        for call in calls:
-            call()
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        for future in [pool.submit(call) for call in calls]:
-            future.result()
-
-
 def run_warmups(device: torch.device) -> int:
-    in_threads([functools.partial(fn, device) for fn, concurrent in _WARMUPS if concurrent])
-    for fn, concurrent in _WARMUPS:
-        if not concurrent:
-            fn(device)
+    for fn in _WARMUPS:
+        fn(device)
     return len(_WARMUPS)

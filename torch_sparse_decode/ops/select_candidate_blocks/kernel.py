@@ -9,13 +9,10 @@ instead of the logits.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
-from ..._library import in_threads
 from ...dtypes import WARM_SCORES
 from ...kernels import topk as engine
 
@@ -88,9 +85,11 @@ def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_s
 
 
 def warm(device: torch.device) -> None:
-    """Compile the decode shapes' block-key kernels (Triton, at once on threads; the engine is in
-    its catalog): the served score dtypes, block sizes 8 and 64, with and without windows."""
+    """Compile the decode shapes' block-key kernels (Triton; the engine is in its catalog): the
+    served score dtypes, block sizes 8 and 64, with and without windows."""
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
-    rows = {dtype: torch.zeros(1, 1 << 15, device=device, dtype=dtype) for dtype in WARM_SCORES}
-    in_threads([functools.partial(block_keys, x, n, block, starts=starts)
-                for x in rows.values() for block in (8, 64) for starts in (None, n)])
+    for dtype in WARM_SCORES:
+        x = torch.zeros(1, 1 << 15, device=device, dtype=dtype)
+        for block in (8, 64):
+            block_keys(x, n, block)
+            block_keys(x, n, block, starts=n)
