@@ -1,0 +1,83 @@
+"""Where the short-row path's time goes (kernels/topk/short_row.py): builds of it with phases cut
+out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong ids: timing only).
+
+    python benchmarks/profile_short_row.py [--quick] [--results FILE]
+
+Cuts: no count (the digit rounds' atomics), no scan (the one-warp scans), one digit round, no
+rounds (launch, the reads of the row and its length, one scan, no ids written).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32
+from harness import Table, graph_us, parser, rotation
+from torch_sparse_decode.dtypes import cute_type
+from torch_sparse_decode.kernels.compile import fake_stream, fake_tensor
+from torch_sparse_decode.kernels.topk import short_row
+
+K = 2048
+
+
+class NoCount(short_row.ShortRowTopk):
+    @cute.jit
+    def count(self, keys, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
+        pass
+
+
+class NoScan(short_row.ShortRowTopk):
+    @cute.jit
+    def scan_bins(self, parts, info, need, lane):
+        if lane == 0:
+            info[short_row.DIGIT] = Int32(short_row.BINS // 2)
+            info[short_row.ABOVE] = Int32(0)
+
+
+def rounds(n: int):
+    class Rounds(short_row.ShortRowTopk):
+        def __init__(self, source):
+            super().__init__(source)
+            self.rounds = n
+
+    return Rounds
+
+
+CUTS = {"whole": short_row.ShortRowTopk, "no count": NoCount, "no scan": NoScan, "one round": rounds(1),
+        "no rounds": rounds(0)}
+
+
+def build(cls, dtype):
+    rows, width = cute.sym_int(), cute.sym_int()
+    src = fake_tensor(cute_type(dtype), (rows, width), (cute.sym_int64(), 1))
+    lengths, starts = (fake_tensor(Int32, (rows,), (1,)) for _ in range(2))
+    out = fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
+    return cute.compile(cls(dtype), src, lengths, starts, Int32(0), Int32(0), Int32(1), out, fake_stream(),
+                        options="--enable-tvm-ffi")
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    table = Table(f"short-row path with phases cut out (us), k={K}, fp32", ["shape", "rows", *CUTS])
+    kernels = {name: build(cls, torch.float32) for name, cls in CUTS.items()}
+    for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (8, 16 << 10)]):
+        for kind in ("randn", "ties"):
+            def make(seed: int):
+                gen = torch.Generator(device="cuda").manual_seed(seed)
+                x = (torch.randn(rows, width, device="cuda", generator=gen) if kind == "randn" else
+                     torch.randint(0, 4, (rows, width), device="cuda", generator=gen).float())
+                return x, torch.full((rows,), width, dtype=torch.int32, device="cuda")
+
+            sets = rotation(make, rows * width * 4)
+            out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+            times = [graph_us(lambda i, f=f: f(sets[i % len(sets)][0], sets[i % len(sets)][1],
+                                               sets[i % len(sets)][1], 0, width, K, out))
+                     for f in kernels.values()]
+            table.add(f"{rows}x{width >> 10}K", kind, *times)
+    table.emit(args.results)
+
+
+if __name__ == "__main__":
+    main()
