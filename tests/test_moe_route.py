@@ -297,3 +297,42 @@ def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, se
     _, ids = route(s, torch.zeros(experts), topk, device, num_expert_group=groups, topk_group=2)
     rows = [0, 1, 3, 4]
     assert (((ids[rows] // size) == first) | ((ids[rows] // size) == second)).all()
+
+
+def test_programmatic_dependent_launch_is_opt_in():
+    """TORCH_SPARSE_DECODE_PDL=1 builds and launches the kernel as a programmatic dependent; off,
+    the catalog and the op take the plain build."""
+    from torch_sparse_decode.ops.moe_route import kernel
+
+    assert kernel.PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
+    from torch_sparse_decode.kernels.compile import Target, MODELS
+
+    assert {config[-1] for config in kernel.catalog(Target("sm_90a", 132, MODELS))} == {kernel.PDL}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
+    """Launched as a programmatic dependent of the router GEMM that writes its logits (eagerly and
+    in a CUDA graph, fresh inputs each replay): the ids and weights of the reference on those
+    logits, every time (a read before the GEMM finished would give another answer)."""
+    from graphs import capture_graph
+    from torch_sparse_decode.ops.moe_route import kernel
+
+    monkeypatch.setattr(kernel, "PDL", True)
+    gen = torch.Generator().manual_seed(7)
+    gate = (torch.randn(256, 2048, generator=gen) * 0.03).cuda()
+    bias = (torch.randn(256, generator=gen) * 0.05).cuda()
+
+    def step(hidden):
+        logits = hidden @ gate.t()  # cuBLAS, the kernel before
+        weights, ids = tsd.moe_route(logits, bias, 8, scale=2.5, apply_sigmoid=True, num_expert_group=8, topk_group=4)
+        return logits, weights, ids
+
+    inputs = [torch.randn(64, 2048, generator=gen).cuda() for _ in range(4)]
+    run = capture_graph(step, inputs[0].clone()) if graph else step
+    for hidden in inputs:
+        logits, weights, ids = (t.clone() for t in run(hidden))
+        want = torch.empty_like(weights), torch.empty_like(ids)
+        reference.moe_route(logits, bias, 8, True, 2.5, True, 8, 4, *want)
+        assert torch.equal(ids, want[1]) and torch.equal(weights, want[0])

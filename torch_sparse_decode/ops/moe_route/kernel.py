@@ -35,6 +35,7 @@ torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the s
 
 from __future__ import annotations
 
+import os
 
 import torch
 
@@ -47,6 +48,9 @@ from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 
+# Opt-in until measured on a GPU: launch as a programmatic dependent of the kernel before
+# (TORCH_SPARSE_DECODE_PDL=1; MoeRoute's ``pdl``).
+PDL = os.environ.get("TORCH_SPARSE_DECODE_PDL", "0") == "1"
 THREADS = 256
 WARPS = THREADS // 32
 
@@ -117,10 +121,13 @@ def renormalized(weight: Float32) -> Float32:
 
 class MoeRoute:
     """Routing for one static configuration: E, topk, renormalize, apply_sigmoid, the expert
-    groups (count, kept) and the dtypes of scores, bias and weights."""
+    groups (count, kept) and the dtypes of scores, bias and weights; ``pdl``: launched as a
+    programmatic dependent of the kernel before it (the router GEMM), so its launch and setup
+    overlap that kernel's tail; it waits for it before reading the scores."""
 
     def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1,
-                 topk_group: int = 1):
+                 topk_group: int = 1, pdl: bool = False):
+        self.pdl = pdl
         self.experts, self.topk = experts, topk
         self.renormalize, self.apply_sigmoid = renormalize, apply_sigmoid
         self.groups, self.topk_group = groups, topk_group
@@ -133,7 +140,7 @@ class MoeRoute:
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
                  ids: cute.Tensor, stream):
         self.kernel(scores, bias, scale, weights, ids).launch(
-            grid=[scores.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream
+            grid=[scores.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl
         )
 
     @cute.jit
@@ -274,6 +281,11 @@ class MoeRoute:
                ids: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         token, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):
+            # The scores are the kernel before's output: wait for it (a no-op after a plain
+            # launch). Whatever follows may be scheduled now: it waits for this grid itself.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         self.route(cutlass.memory.SmemAllocator(), (scores, bias), token, scale, weights, ids, tid)
 
     @cute.jit
@@ -351,21 +363,22 @@ def catalog(target: Target) -> list[tuple]:
         groups, kept = model.grouping
         for source in WARM_SCORES:
             for apply_sigmoid in (False, True):
-                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source))
+                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
+                                torch.float32, torch.float32, PDL))
     return configs
 
 
 @cached_kernel("moe_route", catalog)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
-             weights_dtype: torch.dtype = torch.float32):
+             weights_dtype: torch.dtype = torch.float32, pdl: bool = False):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
     tokens = cute.sym_int()
     scores = fake_tensor(cute_type(source), (tokens, experts), (experts, 1))
     bias = fake_tensor(cute_type(bias_dtype), (experts,), (1,))
     weights = fake_tensor(cute_type(weights_dtype), (tokens, topk), (topk, 1))
     ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
-    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group)
+    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl)
     return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
 
 
@@ -376,4 +389,4 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype)(scores, bias, scale, weights, ids)
+             weights.dtype, PDL)(scores, bias, scale, weights, ids)
