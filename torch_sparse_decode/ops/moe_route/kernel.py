@@ -48,9 +48,9 @@ from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 
-# Opt-in until measured on a GPU: launch as a programmatic dependent of the kernel before
-# (TORCH_SPARSE_DECODE_PDL=1; MoeRoute's ``pdl``).
-PDL = os.environ.get("TORCH_SPARSE_DECODE_PDL", "0") == "1"
+# Launched as a programmatic dependent of the kernel before (MoeRoute's ``pdl``): on the H200,
+# 0.6-0.7 us a call less after another kernel (docs/ops.md). TORCH_SPARSE_DECODE_PDL=0 turns it off.
+PDL = os.environ.get("TORCH_SPARSE_DECODE_PDL", "1") != "0"
 THREADS = 256
 WARPS = THREADS // 32
 
