@@ -62,7 +62,8 @@ def test_the_routing_catalogs_follow_the_models_and_the_gpu():
     deepseek = helper.RoutedModel("DeepSeek-V3", 256, 8, 8, 4)
     wide = helper.RoutedModel("too wide", 1024, 8, hidden=16384)
     target = helper.Target("sm_90a", 132, (deepseek, wide))
-    assert route.compiled.config(256, 8, True, True, 8, 4, torch.bfloat16) in route.compiled.catalog(target)
+    asked = route.compiled.config(256, 8, True, True, 8, 4, torch.bfloat16, pdl=route.PDL)  # as the op asks
+    assert asked in route.compiled.catalog(target)
     assert len(route.compiled.catalog(target)) == 8
     fronts = front.compiled.catalog(target)
     assert [c[0] for c in fronts] == [256] * 3 and {c[7] for c in fronts} == {1, 2, 4}
