@@ -299,12 +299,12 @@ def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, se
     assert (((ids[rows] // size) == first) | ((ids[rows] // size) == second)).all()
 
 
-def test_programmatic_dependent_launch_is_on_unless_turned_off():
-    """The kernel is built and launched as a programmatic dependent unless
-    TORCH_SPARSE_DECODE_PDL=0; the catalog builds what the op takes."""
+def test_programmatic_dependent_launch_is_opt_in():
+    """TORCH_SPARSE_DECODE_PDL=1 builds and launches the kernel as a programmatic dependent; off,
+    the catalog and the op take the plain build."""
     from torch_sparse_decode.ops.moe_route import kernel
 
-    assert kernel.PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") != "0")
+    assert kernel.PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
     from torch_sparse_decode.kernels.compile import Target, MODELS
 
     assert {config[-1] for config in kernel.catalog(Target("sm_90a", 132, MODELS))} == {kernel.PDL}
