@@ -29,11 +29,20 @@ class NoCount(short_row.ShortRowTopk):
 
 
 class NoScan(short_row.ShortRowTopk):
+    """The digit is always the middle bin (the scan's sums are still read: ``bin_count``)."""
+
     @cute.jit
-    def scan_bins(self, parts, info, need, lane):
-        if lane == 0:
-            info[short_row.DIGIT] = Int32(short_row.BINS // 2)
-            info[short_row.ABOVE] = Int32(0)
+    def threshold(self, keys, k, hist, parts, info, tid):
+        need = k
+        t = cutlass.Uint32(0)
+        for p in cutlass.range_constexpr(self.rounds):
+            shift = 32 - short_row.RADIX * (p + 1)
+            self.count(keys, t, p, shift, hist, tid)
+            cute.arch.sync_threads()
+            self.sum_copies(hist, parts, tid)
+            cute.arch.sync_threads()
+            t = t | (cutlass.Uint32(short_row.BINS // 2) << cutlass.Uint32(shift))
+        return t, need
 
 
 def rounds(n: int):

@@ -85,6 +85,33 @@ def block_exclusive(value: Int32, warp_sums: cute.Tensor, tid: Int32, warps: cut
 
 
 @cute.jit
+def scan_from_top(count_of: cutlass.Constexpr, need: Int32, cap: Int32, info: cute.Tensor, lane: Int32):
+    """One warp over 256 bins, ``count_of(b)`` the count of bin b: the bin where the count from the
+    top bin down reaches ``need`` (need < 0: min(all, ``cap``)) into ``info[0]``, the count in the
+    bins above it into ``info[1]`` and the need into ``info[2]``. Lane l holds bins 255 - 8l ..
+    248 - 8l; the first lane whose bins reach the need walks them. (One warp and a barrier:
+    every warp scanning for itself was slower, the phases are bound by instruction issue.)"""
+    mine = Int32(0)
+    for b in cutlass.range_constexpr(8):
+        mine = mine + count_of(255 - 8 * lane - b)
+    inclusive = warp_inclusive(mine, lane)
+    if need < 0:
+        need = min(cute.arch.shuffle_sync(inclusive, 31), cap)
+    reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
+    if lane == popc((reached & (Uint32(0) - reached)) - Uint32(1)):
+        run = inclusive - mine
+        found = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            v = count_of(255 - 8 * lane - b)
+            if (found == 0) & (run + v >= need):
+                info[0] = 255 - 8 * lane - b
+                info[1] = run
+                found = Int32(1)
+            run = run + v
+        info[2] = need
+
+
+@cute.jit
 def zero_fill(t: cute.Tensor, words: cutlass.Constexpr[int], tid: Int32, threads: cutlass.Constexpr[int]):
     """``t[:words] = 0``, the CTA's threads striding through it."""
     for i in cutlass.range_constexpr(-(-words // threads)):

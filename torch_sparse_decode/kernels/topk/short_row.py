@@ -33,7 +33,7 @@ from cutlass import Int32, Uint32
 
 from ...dtypes import TOPK_SCORES, cute_type
 from ..compile import cached_kernel, fake_stream, fake_tensor
-from ..cute import block_exclusive, popc, warp_inclusive, zero_fill
+from ..cute import block_exclusive, scan_from_top, zero_fill
 from .keys import source_key
 
 # Opt-in until the path is faster than the engine: TORCH_SPARSE_DECODE_SHORT_ROWS=1.
@@ -50,7 +50,7 @@ PARTS = THREADS // BINS  # the copies are summed in PARTS groups of 32 // PARTS
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
 # all 0 (non-negative scores) or all 1 (negative ones: ordered_key flips them).
 DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}
-DIGIT, ABOVE = range(2)  # info words: the digit found, the keys in the bins above it
+DIGIT, ABOVE = range(2)  # info words (scan_from_top's): the digit found, the keys in the bins above it
 
 
 class ShortRowTopk:
@@ -115,8 +115,8 @@ class ShortRowTopk:
             cute.arch.sync_threads()
             self.sum_copies(hist, parts, tid)
             cute.arch.sync_threads()
-            if tid < 32:
-                self.scan_bins(parts, info, need, tid)
+            if tid < 32:  # one warp: bin b's count summed over the copies' groups
+                scan_from_top(lambda b: self.bin_count(parts, b), need, k, info, tid)
             cute.arch.sync_threads()
             t = t | (Uint32(info[DIGIT]) << Uint32(shift))
             need = need - info[ABOVE]
@@ -158,31 +158,11 @@ class ShortRowTopk:
         parts[q * BINS + b] = total
 
     @cute.jit
-    def scan_bins(self, parts: cute.Tensor, info: cute.Tensor, need: Int32, lane: Int32):
-        """One warp: the digit whose bin, counting down from the top bin, reaches ``need``, and the
-        keys in the bins above it, into ``info``. Lane l holds bins 255 - 8l .. 248 - 8l."""
-        width = BINS // 32
-        counts = cute.make_rmem_tensor(width, Int32)
-        mine = Int32(0)
-        for i in cutlass.range_constexpr(width):
-            b = BINS - 1 - width * lane - i
-            v = Int32(0)
-            for q in cutlass.range_constexpr(PARTS):
-                v = v + parts[q * BINS + b]
-            counts[i] = v
-            mine = mine + v
-        inclusive = warp_inclusive(mine, lane)
-        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
-        if lane == popc((reached & (Uint32(0) - reached)) - Uint32(1)):
-            above = inclusive - mine
-            found = Int32(0)
-            for i in cutlass.range_constexpr(width):
-                if (found == 0) & (above + counts[i] >= need):
-                    info[DIGIT] = BINS - 1 - width * lane - i
-                    info[ABOVE] = above
-                    found = Int32(1)
-                if found == 0:
-                    above = above + counts[i]
+    def bin_count(self, parts: cute.Tensor, b: Int32) -> Int32:
+        total = Int32(0)
+        for q in cutlass.range_constexpr(PARTS):
+            total = total + parts[q * BINS + b]
+        return total
 
     @cute.jit
     def write_kept(self, keys: cute.Tensor, t: Uint32, take: Int32, lo: Int32, row: Int32, out: cute.Tensor,

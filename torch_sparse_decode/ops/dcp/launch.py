@@ -54,7 +54,7 @@ class MergeLaunch:
     bitmap_words: int = 0
 
     def arguments(self) -> tuple:
-        """The positional arguments both kernels take, in their order (a simulated merge passes
+        """The positional arguments of the CuTe merge, in its order (a simulated merge passes
         ``peers`` for the state it does not read)."""
         state = self.peers if self.state is None else self.state
         return (self.gathered, self.rank_stride, self.row_stride, self.peers, self.rescue_offset,
@@ -75,13 +75,11 @@ def launch_merge(m: MergeLaunch, kernel: str = MERGE_KERNEL) -> None:
     scratch = m.scratch
     if scratch is None:
         scratch = torch.zeros(rows, 2 * words, dtype=torch.int32, device=m.global_ids.device)
-    (gathered, rank_stride, row_stride, peers, rescue_offset, rescue_row_stride, global_ids, local_ids, local_count,
-     rank, state, parity_gathered, parity_rescue, timeout_ns) = m.arguments()
     n = dcp_merge_local_topk(m.topk, m.world_size)
     merge_kernel[(rows,)](
-        gathered, rank_stride, row_stride, peers, rescue_offset, rescue_row_stride, scratch, scratch.stride(0),
-        global_ids, local_ids, global_ids.stride(0), local_count, m.topk, rank, state, parity_gathered,
-        parity_rescue, timeout_ns,
+        m.gathered, m.rank_stride, m.row_stride, m.peers, m.rescue_offset, m.rescue_row_stride, scratch,
+        scratch.stride(0), m.global_ids, m.local_ids, m.global_ids.stride(0), m.local_count, m.topk, m.rank,
+        m.peers if m.state is None else m.state, m.parity_gathered, m.parity_rescue, m.timeout_ns,
         W=m.world_size, WP2=triton.next_power_of_2(m.world_size), N=n, NP2=triton.next_power_of_2(n),
         R=rescue_row_slots(m.topk), KP2=triton.next_power_of_2(m.topk), WORDS=words, EXCHANGE=exchange,
         num_warps=MERGE_WARPS,

@@ -43,7 +43,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 
 from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
-from ...kernels.cute import begin_marks, block_exclusive, popc, stamp, warp_inclusive, warp_max, warp_min, zero_fill
+from ...kernels.cute import (begin_marks, block_exclusive, popc, scan_from_top, stamp, warp_max,
+                             warp_min, zero_fill)
 from ...limits import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
 from .config import NO_WAIT, dcp_merge_local_topk, rescue_row_slots
 from .exchange import ABOVE, DIGIT, LATE, NEED, TOP, RowReads, Rows, load_unit, step_tag, tag_of, wait_began
@@ -186,32 +187,6 @@ class DcpMerge(RowReads):
     # ------------------------------------------------------------------------------ steps
 
     @cute.jit
-    def scan_digit(self, hist: cute.Tensor, base: int, info: cute.Tensor, need: Int32, lane: Int32):
-        """One warp: the digit whose bin, counting down from the top bin of ``hist[base:base+256]``,
-        reaches ``need`` (need < 0: min(all keys, K)), into ``info`` with the keys in the bins above
-        it and the need. Lane l holds bins 255 - 8l .. 248 - 8l; the first lane whose bins reach
-        the need walks them. (One warp and a barrier: every warp scanning for itself was slower,
-        the phases are bound by instruction issue.)"""
-        mine = Int32(0)
-        for b in cutlass.range_constexpr(8):
-            mine = mine + hist[base + DIGIT_BINS - 1 - 8 * lane - b]
-        inclusive = warp_inclusive(mine, lane)
-        if need < 0:
-            need = min(cute.arch.shuffle_sync(inclusive, 31), Int32(self.K))
-        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
-        if lane == popc((reached & (Uint32(0) - reached)) - Uint32(1)):
-            run = inclusive - mine
-            found = Int32(0)
-            for b in cutlass.range_constexpr(8):
-                v = hist[base + DIGIT_BINS - 1 - 8 * lane - b]
-                if (found == 0) & (run + v >= need):
-                    info[DIGIT] = DIGIT_BINS - 1 - 8 * lane - b
-                    info[ABOVE] = run
-                    found = Int32(1)
-                run = run + v
-            info[NEED] = need
-
-    @cute.jit
     def threshold(self, streamed: cutlass.Constexpr[bool], keys, gids, src: Rows, saturated: Int32, ctx: Pass,
                   tid: Int32, marks: cute.Tensor):
         """(t16, ties, count): the K-th candidate's ord16, how many candidates at it are taken, how
@@ -228,7 +203,7 @@ class DcpMerge(RowReads):
             cute.arch.atomic_max(info.iterator + TOP, top)
         cute.arch.sync_threads()
         if warp == 0:
-            self.scan_digit(hist, 0, info, Int32(-1), lane)
+            scan_from_top(lambda b: hist[b], Int32(-1), Int32(self.K), info, lane)
         cute.arch.sync_threads()
         high, above, need = info[DIGIT], info[ABOVE], info[NEED]
         self.mark(marks, "high digit")
@@ -239,7 +214,7 @@ class DcpMerge(RowReads):
             self.each_sent("low digit", keys, gids, low_ctx, top)
         cute.arch.sync_threads()
         if warp == 0:
-            self.scan_digit(hist, DIGIT_BINS, info, need - above, lane)
+            scan_from_top(lambda b: hist[DIGIT_BINS + b], need - above, Int32(self.K), info, lane)
         cute.arch.sync_threads()
         self.mark(marks, "low digit")
         return (high << 8) | info[DIGIT], need - above - info[ABOVE], need
