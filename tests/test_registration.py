@@ -145,6 +145,8 @@ def test_import_and_cpu_ops_need_no_kernel_toolkit():
         "import torch\n"
         "rows = run_examples(torch.device('cpu'), check=True)\n"
         "assert all(r['ok'] for r in rows), rows\n"
+        "import torch.distributed as dist\n"
+        "assert not dist.is_initialized(), 'the demo left its process group to interpreter exit'\n"
         "assert not any(m in sys.modules and sys.modules[m] is not None for m in ('triton', 'cutlass'))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

@@ -118,6 +118,9 @@ def _dcp(name: str, seed: int, path: Callable, other_path: Callable) -> Callable
     return build
 
 
+_OWN_GROUP: list = []  # the process group the demo made, destroyed when the examples end
+
+
 def _one_rank_group():
     """A one-rank process group (gloo for CPU tensors, NCCL for CUDA) for the full-step op."""
     import torch.distributed as dist
@@ -125,7 +128,19 @@ def _one_rank_group():
     if not dist.is_initialized():
         backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        _OWN_GROUP.append(dist.group.WORLD)
     return dist.group.WORLD
+
+
+def _release_group() -> None:
+    """Destroy the group the demo made: a gloo group left to interpreter exit can abort the process
+    ("terminate called without an active exception") while its threads are torn down."""
+    import torch.distributed as dist
+
+    while _OWN_GROUP:
+        _OWN_GROUP.pop()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _dcp_step(device: torch.device) -> Example:
@@ -194,18 +209,23 @@ def run_examples(device: torch.device, *, check: bool = False, repeats: int = 1)
     """Run every example on ``device``; returns one row per example (name, the ops it ran, shape,
     ms, ok: whether it matched the reference, None unchecked)."""
     rows = []
-    for build in EXAMPLES:
-        example = build(device)
-        example.run()  # first call: compile / load
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(repeats):
-            got = example.run()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        ms = (time.perf_counter() - start) * 1e3 / repeats
-        ok = _same(got, example.expected()) if check else None
-        rows.append({"op": example.name, "ops": example.ops or (example.name,), "shape": example.shape, "ms": ms,
-                     "ok": ok})
+    try:
+        for build in EXAMPLES:
+            rows.append(_run_example(build(device), device, check, repeats))
+    finally:
+        _release_group()
     return rows
+
+
+def _run_example(example: Example, device: torch.device, check: bool, repeats: int) -> dict:
+    example.run()  # first call: compile / load
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        got = example.run()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    ms = (time.perf_counter() - start) * 1e3 / repeats
+    ok = _same(got, example.expected()) if check else None
+    return {"op": example.name, "ops": example.ops or (example.name,), "shape": example.shape, "ms": ms, "ok": ok}
