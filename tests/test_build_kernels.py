@@ -126,6 +126,9 @@ def test_one_kernel_of_each_builds_for_sm90_and_sm100(tmp_path):
     assert f"built {len(objects)} kernel objects for sm_90a, sm_100a" in done.stdout
     assert sum(line.startswith("[") and " sm_100a " in line for line in done.stdout.splitlines()) == len(KERNELS)
     assert all(os.stat(p).st_mode & 0o044 == 0o044 for p in objects)  # another user may load them
+    triton = [line for line in done.stdout.splitlines() if line.startswith("Triton ")]  # kernels/triton_cache
+    assert [line.split(" for ")[1].split()[0] for line in triton] == ["sm_90a", "sm_100a"]
+    assert len(list((out / "triton").glob("*/*/__grp__*.json"))) > 0
     again = run_build("--arch", "sm_90a", "--out", str(out), "--one-per-kernel", "--quiet")
     assert "built 0 kernel objects for sm_90a" in again.stdout and f"{len(KERNELS)} were already there" in again.stdout
 
@@ -145,7 +148,7 @@ def test_every_kernel_builds(arch, tmp_path):
     """The whole catalog compiles from fake tensors for H100 / H200 (SM90) and B200 (SM100): a
     kernel or configuration that stops compiling fails here."""
     out = tmp_path / "kernels"
-    run_build("--arch", arch, "--out", str(out), "--jobs", str(len(os.sched_getaffinity(0))), "--quiet")
+    run_build("--arch", arch, "--out", str(out), "--jobs", str(len(os.sched_getaffinity(0))), "--quiet", "--no-triton")
     jobs = build_kernels.plan([arch], {arch: list(helper.DEFAULT_SMS[arch])}, helper.MODELS)
     assert len(list(out.glob("*.o"))) == len(jobs) and {job.kernel for job in jobs} == KERNELS
 

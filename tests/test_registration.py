@@ -161,7 +161,8 @@ def test_every_op_but_the_host_side_ones_has_a_cuda_kernel():
 
 @pytest.mark.parametrize("op", sorted(CUDA_KERNELS))
 def test_cuda_kernel_module_contract(op):
-    """Each op's kernel module defines the op's function, and ``warm`` (what warmup() calls on
-    CUDA) is a function where it has one."""
+    """Each op's kernel module defines the op's function, and ``warm_triton`` and ``warm`` (what
+    warmup() calls on CUDA) are functions where it has them."""
     module = importlib.import_module(CUDA_KERNELS[op])
-    assert callable(getattr(module, op)) and callable(getattr(module, "warm", print))
+    assert callable(getattr(module, op))
+    assert all(callable(getattr(module, hook, print)) for hook in ("warm", "warm_triton"))

@@ -4,8 +4,9 @@ Each op is a ``torch.library.custom_op`` that writes into caller-owned outputs a
 
 - the reference (pure torch) is the default implementation: the CPU kernel;
 - ``cuda`` names the module of the op's CUDA kernel (a function of the op's name, and optionally
-  ``warm(device)``), imported on first use, so importing the package needs neither CuTe DSL nor
-  Triton. Where the module cannot load, the op warns and serves CUDA tensors by its reference;
+  ``warm_triton(device)`` and ``warm(device)``), imported on first use, so importing the package
+  needs neither CuTe DSL nor Triton. Where the module cannot load, the op warns and serves CUDA
+  tensors by its reference;
 - the fake implementation only checks the arguments (outputs already exist, nothing to allocate);
 - every implementation runs the op's ``check`` first, so a bad argument raises a ``TypeError`` or
   ``ValueError`` naming it before anything is launched, on every device and under
@@ -100,10 +101,13 @@ def _lazy_kernel(name: str, cuda: Callable[[], ModuleType], reference: Callable[
 
 
 def _warm_kernels(cuda: Callable[[], ModuleType], device: torch.device) -> None:
-    """A kernel module's own warm-up, where it has one (``warm(device)``: Triton kernels at the
-    decode shapes, workspaces); the CuTe DSL kernels' catalogs load before the hooks run."""
-    if device.type == "cuda" and (module := _load(cuda)) is not None and hasattr(module, "warm"):
-        module.warm(device)
+    """A kernel module's own warm-up, where it has one: ``warm_triton(device)`` (its Triton launches
+    at the decode shapes, which ``build_kernels`` compiles ahead of time), then ``warm(device)``
+    (workspaces, first calls); the CuTe DSL kernels' catalogs load before the hooks run."""
+    if device.type == "cuda" and (module := _load(cuda)) is not None:
+        for hook in ("warm_triton", "warm"):
+            if hasattr(module, hook):
+                getattr(module, hook)(device)
 
 
 def registered_ops() -> dict[str, object]:

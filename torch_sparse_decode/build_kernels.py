@@ -2,6 +2,7 @@
 
     python -m torch_sparse_decode.build_kernels --arch sm_90a [--arch sm_100a] --out DIR
         [--sms N ...] [--route E,K[,G,KG[,H]] ...] [--jobs N] [--kernels NAME,...] [--one-per-kernel]
+        [--no-triton]
     python -m torch_sparse_decode.build_kernels --arch sm_90a --ptx DIR [--kernels NAME,...]
 
 For each architecture it compiles every kernel's catalog (the configurations ``warmup()`` loads:
@@ -26,14 +27,17 @@ the kernel's entry name (which spells the module path of its class) replaced by 
 ``manifest.txt`` of their sha256. Two trees whose manifests agree compile to the same code: how a
 refactor shows that the shipped kernels' PTX did not change.
 
-The Triton kernels (the block-key pass, the DCP pack, ``decode_row_lengths``) are not built
-here: Triton's cache is keyed by its own version and by each launch's specializations, which only
-a launch on the GPU knows. They take about a second each, in ``warmup()``.
+The Triton kernels (the block-key pass, the DCP pack, ``decode_row_lengths``) are compiled too,
+at the launches ``warmup()`` makes, into ``DIR/triton/<identity>`` (``kernels/triton_cache``):
+Triton's cache names Triton itself, so build with the Triton (and Python) of the environment
+that will serve; ``warmup()`` copies the entries for its Triton into Triton's cache folder.
+``--no-triton`` skips them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import multiprocessing
 import os
@@ -90,6 +94,11 @@ def _start_worker(arch: str, out: str, ptx: bool = False) -> None:
         os.environ["CUTE_DSL_KEEP"] = "ptx"
 
 
+def _start_fill_worker(arch: str, out: str) -> None:
+    _start_worker(arch, out)
+    os.environ.pop("TRITON_INTERPRET", None)  # before Triton is imported: the interpreter compiles nothing
+
+
 def _build(job: Job) -> Built:
     """In a worker: compile ``job`` into the cache folder unless its object is there."""
     importlib.import_module(job.module)
@@ -128,6 +137,29 @@ def _ptx(job: Job) -> Built:
     tag = hashlib.sha256(repr(job.config).encode()).hexdigest()[:12]
     (cache_dir() / f"{job.arch}-{job.kernel}-{tag}.ptx").write_text(text)
     return Built(job, 0.0, len(text), hashlib.sha256(text.encode()).hexdigest())
+
+
+def _fill_triton(arch: str, out: str) -> tuple[int, int, str]:
+    """In a worker: Triton's cache for ``arch`` under ``out`` (kernels, launchers, identity)."""
+    from ._library import cuda_kernels
+    from .kernels import triton_cache
+
+    kernels, launchers = triton_cache.fill(Path(out), arch, sorted(set(cuda_kernels().values())))
+    return kernels, launchers, triton_cache.identity()
+
+
+def fill_triton(archs: list[str], out: Path, log=print) -> None:
+    """Fill Triton's cache in ``out`` for each architecture, in a fresh process each (the fill
+    points Triton at a GPU that is not there)."""
+    import triton
+
+    context = multiprocessing.get_context("spawn")
+    for arch in archs:
+        start = time.perf_counter()
+        with ProcessPoolExecutor(1, context, _start_fill_worker, (arch, str(out))) as pool:
+            kernels, launchers, identity = pool.submit(_fill_triton, arch, str(out)).result()
+        log(f"Triton {triton.__version__}: {kernels} kernels for {arch} in {time.perf_counter() - start:.0f} s "
+            f"({launchers} host launchers), in {out / 'triton' / identity}")
 
 
 def _describe(config: tuple) -> str:
@@ -176,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)), help="worker processes")
     cli.add_argument("--kernels", type=lambda text: text.split(","), help="these kernels only (comma-separated)")
     cli.add_argument("--one-per-kernel", action="store_true", help="each kernel's first configuration only")
+    cli.add_argument("--no-triton", action="store_true", help="leave the Triton kernels to their first launch")
     cli.add_argument("--quiet", action="store_true", help="the summary only")
     args = cli.parse_args(argv)
     unknown = [arch for arch in args.arch if arch not in DEFAULT_SMS]
@@ -197,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built {len(fresh)} kernel objects for {', '.join(args.arch)} in {time.perf_counter() - start:.0f} s "
           f"on {min(args.jobs, len(jobs))} processes ({sum(b.seconds for b in fresh):.0f} s of compiling); "
           f"{len(done) - len(fresh)} were already there; {len(done)} objects, {size / 2**20:.1f} MiB in {args.out}")
+    if not args.no_triton and not args.kernels:
+        fill_triton(args.arch, args.out)
     return 0
 
 
@@ -209,11 +244,16 @@ def compile_jobs() -> int:
 def warm_catalogs(device) -> int:
     """Load every catalog configuration for ``device`` (a CUDA device); first compile the
     missing ones into the disk cache in parallel (this module, in a subprocess that never
-    touches the GPU). Returns the configurations loaded."""
+    touches the GPU), and copy the folder's Triton kernels into Triton's cache. Returns the
+    configurations loaded."""
     try:
         from .kernels.compile import cache_dir, device_target, import_kernels
     except ImportError:  # no CuTe DSL: the ops warn and serve CUDA tensors by their reference
         return 0
+    with contextlib.suppress(ImportError):
+        from .kernels.triton_cache import seed
+
+        seed(cache_dir())
     target = device_target(device)
     todo = [(kernel, config) for kernel in import_kernels().values() for config in kernel.catalog(target)]
     folder = cache_dir()
@@ -222,7 +262,7 @@ def warm_catalogs(device) -> int:
     if processes > 1:
         command = [sys.executable, "-m", __name__, "--arch", target.arch, "--sms", str(target.sms),
                    "--out", str(folder), "--jobs", str(processes), "--kernels", ",".join(dict.fromkeys(missing)),
-                   "--quiet"]
+                   "--no-triton", "--quiet"]
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
         try:
             result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)

@@ -1,3 +1,4 @@
 """GPU parts shared by several ops: the top-k engine (``topk``), the CuTe DSL compile helper
-(``compile``) and small CuTe DSL helpers (``cute``). Each op's own kernel is in its folder under
+(``compile``), small CuTe DSL helpers (``cute``) and Triton's cache built ahead of time
+(``triton_cache``). Each op's own kernel is in its folder under
 ``ops/``."""

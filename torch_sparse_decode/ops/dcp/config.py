@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_WORLD_SIZE = 16
+# What is built ahead of time: the DSA decode's K over a node's DCP groups (the merge's catalog,
+# the pack's Triton warm-up).
+BUILT_WORLD_SIZES = (2, 4, 8)
+BUILT_TOPK = 2048
 LOCAL_INDEX_BITS = 17
 WARP = 32  # B' plane words hold one bit per slot of a warp's 32
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from ...dtypes import DCP_SCORES
-from .config import GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits, packed_row_words, rescue_row_slots
+from .config import (BUILT_TOPK, BUILT_WORLD_SIZES, GROUPS, dcp_merge_local_topk, dcp_topk_merge_fits,
+                     packed_row_words, rescue_row_slots)
 from .group import generic_step
 from .launch import MergeLaunch, launch_merge
 from .pack import pack_rows
@@ -52,20 +53,39 @@ def dcp_merge(gathered, rescue, topk, rank, global_ids, local_ids, local_count) 
     merge_rows(gathered, stacked_peers(rescue), rescue.stride(1), topk, rank, global_ids, local_ids, local_count)
 
 
-def warm(device: torch.device) -> None:
-    """Compile the simulated pack and merge at the decode shape (W = 2, K = 2048, fp32 and bf16).
-    A group's one-round step compiles in ``init_dcp_topk_merge`` (``warm_step``)."""
-    world_size, topk, width = 2, 2048, 4096
-    n = dcp_merge_local_topk(topk, world_size)
+def _pack_buffers(world_size: int, dtype: torch.dtype, device: torch.device):
+    """A simulated group's one-row scores, lengths, packed rows and rescue rows at K = BUILT_TOPK."""
+    width = 4096
+    n = dcp_merge_local_topk(BUILT_TOPK, world_size)
+    scores = torch.zeros(1, width, dtype=dtype, device=device)
     lengths = torch.full((1,), width, dtype=torch.int32, device=device)
+    packed = torch.empty(world_size, 1, packed_row_words(n), dtype=torch.int32, device=device)
+    rescue = torch.empty(world_size, 1, packed_row_words(rescue_row_slots(BUILT_TOPK)), dtype=torch.int32,
+                         device=device)
+    return scores, lengths, packed, rescue
+
+
+def warm_triton(device: torch.device) -> None:
+    """The simulated pack's Triton kernel for each built group size and score dtype, every rank
+    (``kernels/triton_cache``). A group's one-round step compiles in ``init_dcp_topk_merge``."""
+    ids = torch.arange(BUILT_TOPK, dtype=torch.int32, device=device).view(1, BUILT_TOPK)
+    for world_size in BUILT_WORLD_SIZES:
+        for dtype in DCP_SCORES:
+            scores, _, packed, rescue = _pack_buffers(world_size, dtype, device)
+            for rank in range(world_size):
+                pack_rows(ids, scores, packed[rank], rescue[rank])
+
+
+def warm(device: torch.device) -> None:
+    """Run the simulated pack (its local select) and merge once at W = 2 (the kernels load from
+    their catalogs, the pack's Triton kernel in ``warm_triton``)."""
+    world_size = 2
     for dtype in DCP_SCORES:
-        scores = torch.zeros(1, width, dtype=dtype, device=device)
-        packed = torch.empty(world_size, 1, packed_row_words(n), dtype=torch.int32, device=device)
-        rescue = torch.empty(world_size, 1, packed_row_words(rescue_row_slots(topk)), dtype=torch.int32, device=device)
+        scores, lengths, packed, rescue = _pack_buffers(world_size, dtype, device)
         for rank in range(world_size):
-            dcp_pack(scores, lengths, world_size, rank, topk, packed[rank], rescue[rank])
-        ids = torch.empty(2, 1, topk, dtype=torch.int32, device=device)
-        dcp_merge(packed, rescue, topk, 0, ids[0], ids[1], torch.empty(1, dtype=torch.int32, device=device))
+            dcp_pack(scores, lengths, world_size, rank, BUILT_TOPK, packed[rank], rescue[rank])
+        ids = torch.empty(2, 1, BUILT_TOPK, dtype=torch.int32, device=device)
+        dcp_merge(packed, rescue, BUILT_TOPK, 0, ids[0], ids[1], torch.empty(1, dtype=torch.int32, device=device))
 
 
 def dcp_topk_merge(scores, lengths, topk, group_name, global_ids, local_ids, local_count) -> None:

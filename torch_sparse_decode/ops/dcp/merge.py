@@ -46,7 +46,7 @@ from ...kernels.compile import cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import (begin_marks, block_exclusive, popc, scan_from_top, stamp, warp_max,
                              warp_min, zero_fill)
 from ...limits import TOPK_MAX_K as MAX_K  # the selected ids stay in shared memory
-from .config import NO_WAIT, dcp_merge_local_topk, rescue_row_slots
+from .config import BUILT_TOPK, BUILT_WORLD_SIZES, NO_WAIT, dcp_merge_local_topk, rescue_row_slots
 from .exchange import ABOVE, DIGIT, LATE, NEED, TOP, RowReads, Rows, load_unit, step_tag, tag_of, wait_began
 
 # Threads per CTA (one row). The phases are short chains bound by latency and instruction issue;
@@ -426,7 +426,7 @@ class DcpMerge(RowReads):
 
 def catalog(target) -> list[tuple]:
     """The DSA decode's K = 2048 over a node's DCP groups (W = 2, 4, 8), simulated and in a step."""
-    return [(world_size, 2048, exchange) for world_size in (2, 4, 8) for exchange in (False, True)]
+    return [(world_size, BUILT_TOPK, exchange) for world_size in BUILT_WORLD_SIZES for exchange in (False, True)]
 
 
 @cached_kernel("dcp_merge", catalog)

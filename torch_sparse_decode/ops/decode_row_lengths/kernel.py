@@ -25,6 +25,6 @@ def decode_row_lengths(seq_lens: torch.Tensor, next_n: int, out: torch.Tensor) -
         _row_lengths[(triton.cdiv(rows, ROWS),)](seq_lens, out, rows, next_n, ROWS=ROWS, num_warps=4)
 
 
-def warm(device: torch.device) -> None:
+def warm_triton(device: torch.device) -> None:
     seq_lens = torch.ones(1, dtype=torch.int32, device=device)
     decode_row_lengths(seq_lens, 2, torch.empty(2, dtype=torch.int32, device=device))

@@ -9,6 +9,8 @@ instead of the logits.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -68,10 +70,12 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
+        # EARLY off only in the CPU interpreter (no PDL there); not `logits.is_cuda`, so that the
+        # launch build_kernels compiles from CPU tensors is the one a GPU makes.
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
             keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program,
-            EARLY=logits.is_cuda, num_warps=8,
+            EARLY=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
         )
     return keys
 
@@ -84,9 +88,9 @@ def select_candidate_blocks(logits: torch.Tensor, lengths: torch.Tensor, block_s
     engine.select(keys, lengths, logits.shape[1], block_size, k - 1, out, pinned=True, starts=row_starts)
 
 
-def warm(device: torch.device) -> None:
-    """Compile the decode shapes' block-key kernels (Triton; the engine is in its catalog): the
-    served score dtypes, block sizes 8 and 64, with and without windows."""
+def warm_triton(device: torch.device) -> None:
+    """Compile the decode shapes' block-key kernels (the engine is in its catalog): the served
+    score dtypes, block sizes 8 and 64, with and without windows (``kernels/triton_cache``)."""
     n = torch.full((1,), 1 << 15, dtype=torch.int32, device=device)
     for dtype in WARM_SCORES:
         x = torch.zeros(1, 1 << 15, device=device, dtype=dtype)

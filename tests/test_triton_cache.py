@@ -1,0 +1,89 @@
+"""Triton's cache filled ahead of time without a GPU (``kernels/triton_cache``): the fill compiles
+the warm-up launches for SM90, and a process seeded from the folder finds every one of them (no
+compile, no file rewritten). Run in subprocesses without the interpreter (the tests' default)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _python(code: str, **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_CACHE_DIR")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=dict(clean, CUTE_DSL_ARCH="sm_90a", **env))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def _snapshot(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.stat().st_size) for p in folder.rglob("*")
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory) -> Path:
+    """A folder filled, then moved (as into a serving image: Triton's files name their absolute
+    paths, so a seeded entry must not lean on the folder it came from)."""
+    built = tmp_path_factory.mktemp("built")
+    _python(f"from pathlib import Path\nfrom torch_sparse_decode.build_kernels import fill_triton\n"
+            f"fill_triton(['sm_90a'], Path({str(built)!r}))")
+    return built.rename(built.with_name(built.name + "-carried"))
+
+
+def test_fill_compiles_every_triton_warm_up(filled):
+    (built,) = (filled / "triton").iterdir()
+    names = {json.loads(p.read_text())["name"] for p in built.glob("*/*.json") if not p.name.startswith("__grp__")}
+    assert names == {"_block_keys", "pack_kernel", "_row_lengths"}
+    assert all(json.loads(p.read_text())["target"]["arch"] == 90 for p in built.glob("*/[!_]*.json"))
+
+
+def test_a_seeded_process_finds_every_kernel(filled, tmp_path):
+    """Seeded, then the warm-up launches compiled again: every one a hit (no file written)."""
+    cache = tmp_path / "triton-cache"
+    code = (
+        "from pathlib import Path\n"
+        "from torch_sparse_decode._library import cuda_kernels\n"
+        "from torch_sparse_decode.kernels import triton_cache as tc\n"
+    )
+    seeded = int(_python(code + f"print(tc.seed(Path({str(filled)!r})))\n", TRITON_CACHE_DIR=str(cache)))
+    assert seeded == len(list(next((filled / "triton").iterdir()).iterdir())) > 0
+    before = _snapshot(cache)
+    _python(code + "tc.compile_warm('sm_90a', tc.triton_cache_dir(), sorted(set(cuda_kernels().values())))\n",
+            TRITON_CACHE_DIR=str(cache))
+    assert _snapshot(cache) == before
+
+
+def test_a_folder_built_by_another_triton_is_not_read(tmp_path):
+    (tmp_path / "triton" / "0123456789abcdef" / "ENTRY").mkdir(parents=True)
+    code = f"from pathlib import Path\nfrom torch_sparse_decode.kernels import triton_cache as tc\n" \
+           f"print(tc.seed(Path({str(tmp_path)!r})))\n"
+    assert _python(code, TRITON_CACHE_DIR=str(tmp_path / "cache")).split() == ["0"]
+
+
+@pytest.mark.gpu
+def test_warmup_compiles_no_triton_kernel_the_folder_holds(tmp_path):
+    """On a GPU, with the session's kernel folder ($TORCH_SPARSE_DECODE_CACHE) built by this
+    Triton: a fresh process's warmup() adds no entry to an empty Triton cache beyond the seeded
+    ones (each added entry is a launch the fill did not foresee)."""
+    from torch_sparse_decode.kernels.triton_cache import FOLDER, identity
+
+    folder = Path(os.environ.get("TORCH_SPARSE_DECODE_CACHE", "0"))
+    built = folder / FOLDER / identity()
+    if not built.is_dir():
+        pytest.skip(f"{folder} holds no Triton kernels of this Triton (build_kernels run beside it fills them)")
+    cache = tmp_path / "triton-cache"
+    _python("import torch_sparse_decode as tsd\ntsd.warmup()\n", TRITON_CACHE_DIR=str(cache),
+            TORCH_SPARSE_DECODE_CACHE=str(folder))
+    seeded = {entry.name for entry in built.iterdir()}
+    added = sorted(json.loads(p.read_text())["name"] for p in cache.glob("*/[!_]*.json") if p.parent.name not in seeded)
+    assert not added, f"warmup() compiled Triton kernels the folder lacks: {added}"
