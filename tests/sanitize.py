@@ -49,6 +49,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     import torch_sparse_decode as tsd
     from torch_sparse_decode import dcp
     from torch_sparse_decode.dtypes import TOPK_SCORES
+    from torch_sparse_decode.ops.moe_route import tiles
 
     bad = 0
 
@@ -180,6 +181,12 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                        f"sigmoid={sigmoid} {dtype}", ids,
                        oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize,
                                         num_expert_group=groups, topk_group=kept)[1])
+                if tiles.fits(experts, groups):  # the tile kernel too, whether or not it is switched on
+                    tiled = torch.full_like(ids, -7), torch.full_like(weights, float("nan"))
+                    tiles.route_tiles(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize, 1.0, sigmoid, groups,
+                                      kept, tiled[1], tiled[0])
+                    expect(f"moe_route tiles {experts}/{topk} groups {groups}/{kept} renormalize={renormalize} "
+                           f"sigmoid={sigmoid} {dtype}", tiled[0], ids)
     # The router front: T = 1 .. 16 through the front kernel (past the op's switch too), the two
     # model shapes, routing checked against moe_route of the front's own logits (each case runs
     # twice: both mailbox parities). T = 17 (the GEMM path) not under racecheck: cuBLAS's

@@ -47,6 +47,7 @@ from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
+from . import tiles
 
 # Launch as a programmatic dependent of the kernel before (MoeRoute's ``pdl``): on the H200, 0.6-0.7
 # us a call less after another kernel (docs/ops.md). Opt-in (TORCH_SPARSE_DECODE_PDL=1) until the
@@ -388,6 +389,31 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
     """The CUDA kernel of ``sparse_decode::moe_route`` (arguments already checked)."""
     if scores.shape[0] == 0:
         return
+    if tiles.takes(scores, num_expert_group):  # many tokens (opt-in): the Triton tile kernel
+        tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
+                          ids)
+        return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
              weights.dtype, PDL)(scores, bias, scale, weights, ids)
+
+
+def warm_triton(device: torch.device) -> None:
+    """The tile kernel (where switched on) for the catalog's routings at ``tiles.MIN_TOKENS``
+    tokens (``kernels/triton_cache``)."""
+    if not tiles.TILES:
+        return
+    from ...kernels.compile import MODELS
+
+    for model in MODELS:
+        groups, kept = model.grouping
+        for source in WARM_SCORES:
+            scores = torch.zeros(tiles.MIN_TOKENS, model.experts, dtype=source, device=device)
+            if not tiles.takes(scores, groups):
+                continue
+            bias = torch.zeros(model.experts, device=device)
+            weights = torch.empty(tiles.MIN_TOKENS, model.topk, device=device)
+            ids = torch.empty(tiles.MIN_TOKENS, model.topk, dtype=torch.int32, device=device)
+            for apply_sigmoid in (False, True):
+                tiles.route_tiles(scores, bias, model.topk, model.renormalize, 1.0, apply_sigmoid, groups, kept,
+                                  weights, ids)
