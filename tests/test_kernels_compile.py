@@ -238,21 +238,7 @@ def compiled_smem_bytes(kernel, *config) -> int:
     """The shared memory a configuration allocates, as compiled: the sum of the kernel's shared
     allocations (each aligned) in the IR the DSL hands its compiler. (The CPU compile does not
     check it against the GPU's limit; a launch would fail there.)"""
-    import tempfile
-    from pathlib import Path
-
-    from torch_sparse_decode.kernels.compile import _dsl
-
-    env = _dsl().envar
-    saved = env.dump_dir, env.keep_ir
-    with tempfile.TemporaryDirectory() as dump:
-        env.dump_dir, env.keep_ir = dump, True
-        try:
-            kernel.build(*config)
-        finally:
-            env.dump_dir, env.keep_ir = saved
-        (ir,) = [p for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir")]
-        text = ir.read_text()
+    text = _compiled_ir(kernel, *config)
     types = {name: (int(align), int(size)) for name, align, size in re.findall(
         r'^(!memref_smem_i8[_0-9]*) = !cute\.memref<i8, smem, align<(\d+)>, "(\d+):1">', text, re.M)}
     total = 0
@@ -351,3 +337,35 @@ def test_router_front_profile_build_compiles():
     from torch_sparse_decode.ops.moe_gate_route import front
 
     assert front.compiled(256, 7168, 8, True, 8, 4, front.ctas_for(256, 132), 4, profile=True)
+
+
+def _compiled_ir(kernel, *config) -> str:
+    """The IR the DSL hands its compiler for one configuration."""
+    import tempfile
+    from pathlib import Path
+
+    from torch_sparse_decode.kernels.compile import _dsl
+
+    env = _dsl().envar
+    saved = env.dump_dir, env.keep_ir
+    with tempfile.TemporaryDirectory() as dump:
+        env.dump_dir, env.keep_ir = dump, True
+        try:
+            kernel.build(*config)
+        finally:
+            env.dump_dir, env.keep_ir = saved
+        return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
+
+
+def test_the_engine_waits_for_the_kernel_before_only_as_a_programmatic_dependent():
+    """compile.PDL (TORCH_SPARSE_DECODE_PDL=1) is what the catalog and the ops ask for; a build with
+    it waits for the kernel before (and lets its own dependents launch), a plain one does neither."""
+    from torch_sparse_decode.kernels.compile import MODELS, PDL, Target
+    from torch_sparse_decode.kernels.topk import engine, launch
+
+    assert launch.PDL == PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
+    assert {config[-1] for config in engine.compiled.catalog(Target("sm_90a", 132, MODELS))} == {PDL}
+    marks = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
+    assert all(mark in _compiled_ir(engine.compiled, torch.float32, False, 2, False, False, False, True)
+               for mark in marks)
+    assert not any(mark in _compiled_ir(engine.compiled, torch.float32, False, 2) for mark in marks)

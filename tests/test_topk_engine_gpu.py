@@ -459,3 +459,33 @@ def test_one_read_gate_is_t_with_its_ties_copied(k, dtype):
     x = x.reshape(rows, width).to(dtype)
     lengths = torch.full((rows,), width, dtype=torch.int32)
     assert torch.equal(run_tokens(x, lengths, k), oracle.topk_tokens(x.float(), lengths, k))
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
+    """Launched as programmatic dependents (``compile.PDL``) of the kernels that write their inputs:
+    the scores from a GEMM and the lengths from ``decode_row_lengths`` just before, eagerly and in a
+    CUDA graph with fresh inputs each replay. The ids are the oracle's on those inputs every time (a
+    read before the kernel before finished would give another answer), at one CTA a row and at
+    clusters, for tokens and for blocks (the block-key pass between)."""
+    from graphs import capture_graph
+    from torch_sparse_decode.kernels.topk import launch
+
+    monkeypatch.setattr(launch, "PDL", True)
+    gen = torch.Generator().manual_seed(5)
+    weight = (torch.randn(1 << 16, 64, generator=gen) * 0.1).cuda()
+
+    def step(query, seq_lens):
+        logits = (query @ weight.t()).float()  # cuBLAS, the kernel before: [4, 64K]
+        lengths = tsd.decode_row_lengths(seq_lens, 2)  # the MTP rows' lengths, a Triton kernel before
+        return (logits, lengths, tsd.indexer_topk(logits, lengths, 2048),
+                tsd.indexer_topk(logits[:, :6000], lengths, 512), tsd.select_candidate_blocks(logits, lengths, 64, 128))
+
+    inputs = [(torch.randn(4, 64, generator=gen).cuda(), torch.randint(1, 1 << 16, (2,), generator=gen).int().cuda())
+              for _ in range(4)]
+    run = capture_graph(step, *inputs[0]) if graph else step
+    for query, seq_lens in inputs:
+        logits, lengths, wide, narrow, blocks = (t.clone().cpu() for t in run(query, seq_lens))
+        assert torch.equal(wide, oracle.topk_tokens(logits, lengths, 2048))
+        assert torch.equal(narrow, oracle.topk_tokens(logits[:, :6000], lengths.clamp(max=6000), 512))
+        assert torch.equal(blocks, oracle.candidate_blocks(logits, lengths, 64, 128))

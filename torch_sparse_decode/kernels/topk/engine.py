@@ -11,7 +11,7 @@ import cutlass.cute as cute
 from cutlass import Boolean, Int32, Int64, Uint32
 
 from ...dtypes import DCP_SCORES
-from ..compile import cached_kernel, fake_stream, fake_tensor
+from ..compile import PDL, cached_kernel, fake_stream, fake_tensor
 from ..cute import begin_marks, block_exclusive, stamp, zero_fill
 from .cluster import cluster_sync, load_rank
 from .digits import DigitSearch
@@ -58,8 +58,9 @@ class RadixTopk(Streaming, DigitSearch, OneRead, Output):
     and whether the output stage reads ``Outputs``' runtime fields (``fused``) or writes ids alone."""
 
     def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
-                 fused: bool = False):
+                 fused: bool = False, pdl: bool = False):
         self.source, self.pinned, self.ctas, self.ord16, self.fused = source, pinned, ctas, ord16, fused
+        self.pdl = pdl  # a programmatic dependent of the kernel before (compile.PDL)
         assert not (ord16 and fused), "a fused build decodes values from full-bit keys"
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
@@ -75,14 +76,15 @@ class RadixTopk(Streaming, DigitSearch, OneRead, Output):
                  values: cute.Tensor, want: Int32, stream):
         self.kernel(src, lengths, starts, windowed, cols, block, k_sel, out, raw, table, page, values, want).launch(
             grid=[self.ctas, out.shape[0], 1], block=[THREADS, 1, 1], cluster=[self.ctas, 1, 1],
-            stream=stream, use_pdl=self.pinned,
+            stream=stream, use_pdl=self.pinned or self.pdl,
         )
 
     @cute.jit
     def wait_for_keys(self):
         """Block keys: the engine is launched as a programmatic dependent of the block-key pre-pass
-        (its launch and setup overlap the pre-pass), so it waits for the pre-pass here."""
-        if cutlass.const_expr(self.pinned):
+        (its launch and setup overlap the pre-pass), so it waits for the pre-pass here (with
+        ``pdl`` it has waited at its start)."""
+        if cutlass.const_expr(self.pinned and not self.pdl):
             cute.arch.griddepcontrol_wait()
 
     @cute.kernel
@@ -99,6 +101,9 @@ class RadixTopk(Streaming, DigitSearch, OneRead, Output):
         if cutlass.const_expr(self.profile):
             began = cute.arch.globaltimer()  # ns, the same clock on every SM
         begin_marks(marks, PHASES, self.profile)
+        if cutlass.const_expr(self.pdl):  # the lengths, starts and scores may come from the kernel before
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()  # they wait for all of this grid in their own wait
         first, valid, n, per_cta, span = self.row_span(src, lengths, starts, windowed, cols, block, row, rank)
         o = Outputs(out, raw, table, page, values, want)
         if (n <= k_sel) | (k_sel == 0):
@@ -354,22 +359,23 @@ class RadixTopk(Streaming, DigitSearch, OneRead, Output):
 def catalog(target) -> list[tuple]:
     """Every configuration the ops can take (k and the sizes are runtime values): block keys with
     the pinned block, scores by their full bits and by their bf16 ord16 (the DCP pack), each
-    source with and without the fused outputs, at every cluster size."""
+    source with and without the fused outputs, at every cluster size; launched as programmatic
+    dependents where ``PDL`` says so."""
     configs = []
     for ctas in CLUSTER_SIZES:
         for source in SOURCES:
-            configs.append((source, source is torch.int32, ctas))
-            configs.append((source, source is torch.int32, ctas, False, False, True))
+            for fused in (False, True):
+                configs.append((source, source is torch.int32, ctas, False, False, fused, PDL))
         for source in DCP_SCORES:
-            configs.append((source, False, ctas, True))
+            configs.append((source, False, ctas, True, False, False, PDL))
     return configs
 
 
 @cached_kernel("topk_engine", catalog)
 def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
-             fused: bool = False):
+             fused: bool = False, pdl: bool = False):
     """The engine at one (source dtype, pinned, cluster size, ord16 keys, profile marks, fused
-    outputs), from fake tensors (no GPU needed)."""
+    outputs, programmatic dependent launch), from fake tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     dtype = SOURCES[source]
     src = fake_tensor(dtype, (rows, width), (cute.sym_int64(), 1))
@@ -377,6 +383,6 @@ def compiled(source: torch.dtype, pinned: bool, ctas: int, ord16: bool = False, 
     starts = fake_tensor(Int32, (rows,), (1,))
     out, raw, table = (fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1)) for _ in range(3))
     values = fake_tensor(dtype, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
-    engine = RadixTopk(dtype, pinned, ctas, ord16, profile, fused)
+    engine = RadixTopk(dtype, pinned, ctas, ord16, profile, fused, pdl)
     return cute.compile(engine, src, lengths, starts, Int32(0), Int32(0), Int32(1), Int32(1), out, raw, table,
                         Int32(0), values, Int32(0), fake_stream(), options="--enable-tvm-ffi")

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from ..compile import PDL
 from . import short_row
 from .engine import compiled
 from .layout import MAX_CLUSTER, SPAN_PER_CTA
@@ -66,7 +67,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
         short_row.compiled(src.dtype)(src, lengths, starts if windowed else lengths, int(windowed), cols, k_sel, out)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16, fused=fused)(
+    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=PDL)(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
         _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
         _none(src) if values is None else values, want)

@@ -35,24 +35,18 @@ torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the s
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
+from ...kernels.compile import PDL, Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 from . import tiles
 
-# Launch as a programmatic dependent of the kernel before (MoeRoute's ``pdl``): on the H200, 0.6-0.7
-# us a call less after another kernel (docs/ops.md). Opt-in (TORCH_SPARSE_DECODE_PDL=1) until the
-# GPU fuzzer and compute-sanitizer have run with it.
-PDL = os.environ.get("TORCH_SPARSE_DECODE_PDL", "0") == "1"
 THREADS = 256
 WARPS = THREADS // 32
 
