@@ -123,10 +123,13 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
             expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
                    oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
-    if "short" in sections:  # the opt-in short-row path (TORCH_SPARSE_DECODE_SHORT_ROWS), switched on here
-        from torch_sparse_decode.kernels.topk import short_row
+    # The opt-in short-row paths, each switched on here: the CuTe one-CTA select
+    # (TORCH_SPARSE_DECODE_SHORT_ROWS) and the Triton count select (TORCH_SPARSE_DECODE_COUNT_SELECT).
+    from torch_sparse_decode.kernels.topk import count_select, short_row
 
-        saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
+    for module, switch in ((short_row, "SHORT_ROWS"), (count_select, "COUNT_SELECT")) if "short" in sections else ():
+        saved = getattr(module, switch)
+        setattr(module, switch, True)
         try:
             for width in (1000, 8193, short_row.SHORT_MAX):
                 for dtype in TOPK_SCORES:
@@ -137,13 +140,14 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                     lengths = torch.tensor([width, width, width, width // 2 + 1, 0, 1025], dtype=torch.int32)
                     for k in (1, 2048, 4096):
                         got = tsd.indexer_topk(x.to(dtype).cuda(), lengths.cuda(), k)
-                        expect(f"short {str(dtype)[6:]} 6x{width} k={k}", got,
+                        expect(f"{switch} {str(dtype)[6:]} 6x{width} k={k}", got,
                                oracle.topk_tokens(x.to(dtype).float(), lengths, k))
                 starts = torch.tensor([0, 1, width // 2, width - 2, width + 5, 7], dtype=torch.int32)
                 got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 64, row_starts=starts.cuda())
-                expect(f"short windows 6x{width}", got, oracle.windowed(oracle.topk_tokens, x, starts, lengths, 64))
+                expect(f"{switch} windows 6x{width}", got,
+                       oracle.windowed(oracle.topk_tokens, x, starts, lengths, 64))
         finally:
-            short_row.SHORT_ROWS = saved
+            setattr(module, switch, saved)
     dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))
     for world, topk, length in dcp_worlds if "dcp" in sections else ():
         x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)

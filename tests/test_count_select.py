@@ -1,0 +1,131 @@
+"""The count select (kernels/topk/count_select.py: short rows, one Triton program a row, the k-th
+key found by counting), opted into with TORCH_SPARSE_DECODE_COUNT_SELECT=1 until it has run on
+the GPU: which batches take it; exact against the oracle at every boundary of k, of the width and
+of the switch, in every score dtype and every kind of scores, windowed; in the CPU interpreter
+(CI) and on the GPU through ``indexer_topk`` (in a CUDA graph too, and the engine's ids)."""
+
+import os
+
+import pytest
+import torch
+
+import oracle
+import torch_sparse_decode as tsd
+from inputs import DEVICES, KINDS, poisoned, scores
+from test_indexer_topk import window_edges
+from torch_sparse_decode.dtypes import TOPK_SCORES
+from torch_sparse_decode.kernels.topk import count_select, launch
+
+COUNT_MAX = count_select.COUNT_MAX
+
+
+@pytest.fixture
+def switched_on(monkeypatch):
+    monkeypatch.setattr(count_select, "COUNT_SELECT", True)
+
+
+def edge_lengths(k: int, width: int) -> torch.Tensor:
+    values = [-3, 0, 1, k - 1, k, k + 1, k + 2, width // 2, width - 1, width, width + 9]
+    return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
+
+
+def check(x, lengths, k, device, starts=None):
+    """The path's ids (the kernel itself on the CPU, ``indexer_topk`` on the GPU) against the oracle."""
+    out = poisoned((x.shape[0], k), torch.int32, device)
+    if device == "cpu":
+        count_select.count_select(x, lengths, starts, x.shape[1], k, out)
+    else:
+        tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
+    if starts is None:
+        want = oracle.topk_tokens(x.float(), lengths, k)
+    else:
+        want = oracle.windowed(oracle.topk_tokens, x.float(), starts, lengths, k)
+    assert torch.equal(out.cpu(), want)
+    return out.cpu()
+
+
+def test_off_by_default():
+    assert count_select.COUNT_SELECT == (os.environ.get("TORCH_SPARSE_DECODE_COUNT_SELECT") == "1")
+
+
+def test_which_batches_take_it(monkeypatch):
+    """Score rows of at most COUNT_MAX columns, ids alone; everything else goes on as before."""
+    taken = []
+    monkeypatch.setattr(count_select, "count_select", lambda src, *a: taken.append("count"))
+    monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+
+    def batch(width, dtype=torch.float32, **kw):
+        taken.clear()
+        x = torch.zeros(2, width, dtype=dtype)
+        launch.select(x, torch.zeros(2, dtype=torch.int32), width, 1, 4, torch.empty(2, 4, dtype=torch.int32),
+                      pinned=False, **kw)
+        return taken[0]
+
+    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
+    assert batch(COUNT_MAX) == "engine"
+    monkeypatch.setattr(count_select, "COUNT_SELECT", True)
+    for dtype in TOPK_SCORES:
+        assert batch(COUNT_MAX, dtype) == "count" and batch(1, dtype) == "count"
+        assert batch(COUNT_MAX, dtype, starts=torch.zeros(2, dtype=torch.int32)) == "count"
+    assert batch(COUNT_MAX + 1) == "engine"
+    assert batch(100, ord16=True) == "engine"
+    assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
+    assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
+    x = torch.zeros(2, 100, dtype=torch.int32)  # block keys: the engine's own source
+    launch.select(x, torch.zeros(2, dtype=torch.int32), 100, 8, 4, torch.empty(2, 5, dtype=torch.int32), pinned=True)
+    assert taken[-1] == "engine"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("k,width", [(1, 300), (7, 4097), (64, COUNT_MAX), (2048, 8192), (4096, COUNT_MAX - 1),
+                                     (2048, 2000)])
+def test_every_kind_and_boundary(switched_on, device, kind, k, width):
+    lengths = edge_lengths(k, width)
+    check(scores(kind, (lengths.numel(), width), seed=k), lengths, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "relu_zeros", "all_equal", "tiny_negative", "nan_mixed",
+                                  "inf_mixed", "signed_zeros"])
+def test_half_precision(switched_on, device, dtype, kind):
+    """bf16 / fp16 keys take 4 / 5 steps: the key bits below are cleared, the same in every key."""
+    lengths = edge_lengths(512, 8192)
+    check(scores(kind, (lengths.numel(), 8192), seed=5).to(dtype), lengths, 512, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed"])
+@pytest.mark.parametrize("k", [1, 64, 2048])
+def test_windows_and_unaligned_rows(switched_on, device, kind, k):
+    width = COUNT_MAX - 50
+    starts, ends = window_edges(k, width)
+    x = scores(kind, (starts.numel(), width + 1), seed=k)[:, 1:]  # rows 4 bytes past 16-byte alignment
+    col = torch.arange(width)
+    x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
+    check(x, ends, k, device, starts)
+
+
+@pytest.mark.gpu
+def test_the_same_ids_as_the_engine(switched_on):
+    """The rows of a batch one column too wide for the path (the engine) give the same ids."""
+    lengths = edge_lengths(2048, COUNT_MAX).clamp(max=COUNT_MAX)
+    x = scores("few_distinct", (lengths.numel(), COUNT_MAX), seed=3)
+    counted = check(x, lengths, 2048, "cuda")
+    wide = torch.cat([x, torch.full((x.shape[0], 1), float("inf"))], dim=1)  # never read: past every length
+    assert torch.equal(counted, check(wide, lengths, 2048, "cuda"))
+
+
+@pytest.mark.gpu
+def test_in_a_cuda_graph(switched_on):
+    from graphs import capture_graph, replay_matches
+
+    lengths = edge_lengths(2048, 8192)
+    x = scores("random", (lengths.numel(), 8192), seed=1).cuda()
+    tsd.indexer_topk(x, lengths.cuda(), 2048)  # compiled before the capture
+    graphed = capture_graph(lambda s, n: tsd.indexer_topk(s, n, 2048), x, lengths.cuda())
+    fresh = [(scores(kind, tuple(x.shape), seed=9).cuda(), lengths.roll(i).cuda())
+             for i, kind in enumerate(["random", "all_equal", "nan_mixed", "few_distinct"])]
+    assert replay_matches(graphed, fresh, lambda s, n: oracle.topk_tokens(s.cpu(), n.cpu(), 2048)) == 4

@@ -1,0 +1,104 @@
+"""The short-row select by counting (Triton): the top-k of a row whose window holds at most
+COUNT_MAX keys, one program per row, with no histogram and no atomics.
+
+- The row's window is read once into registers as 32-bit keys whose unsigned order is the library
+  order (NaN as -inf, -0.0 as +0.0); columns past the window are 0, below every real key. bf16
+  and fp16 scores widen to fp32 exactly; the key's low bits that a 16-bit score never sets (16
+  for bf16, 13 for fp16, all 1 for negative scores) are cleared, so fewer steps cover them.
+- The k-th largest key t is found 4 bits a step, top first: each step counts the keys >= each
+  of the 16 values the next digit can give (one compare and one reduction of 16 counts over the
+  row) and keeps the largest whose count is still >= k. t is then the largest key with k keys at
+  or above it: exact, whatever the distribution, in a fixed number of steps (8 for fp32, 5 for
+  fp16, 4 for bf16). The CuTe short-row path (``short_row``) spends its time in histogram atomics
+  (about 0.8 us of each 1.6-us round on the H200); counting needs none.
+- Output: keys > t, and the first ``k - count(> t)`` keys == t in index order (a scan), each at
+  its place among the kept (a second scan): ids ascending, ties to the lowest ids, no sort. A row
+  of at most k keys keeps them all, then -1.
+
+Opt-in (TORCH_SPARSE_DECODE_COUNT_SELECT=1) until it has run on the GPU: exact in the CPU
+interpreter, not yet timed. ``launch.select`` takes it for ``indexer_topk`` batches of at most
+COUNT_MAX columns (a shape test: graph-safe, and exact like the engine, so a row's ids never
+depend on the other rows).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+COUNT_SELECT = os.environ.get("TORCH_SPARSE_DECODE_COUNT_SELECT", "0") == "1"
+COUNT_MAX = 16384  # the widest window the path takes
+MIN_BLOCK = 2048  # narrower batches are read as this many columns (masked): few builds to warm
+KEYS_PER_THREAD = 8  # up to the widest window (16 there: 32 warps at most)
+STEP_BITS = 4
+_STEP_BITS = tl.constexpr(STEP_BITS)  # as the kernel reads them
+_DIGITS = tl.constexpr(1 << STEP_BITS)
+# (steps, the key bits they cover) by score dtype: see the module docstring.
+STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4}
+
+
+@triton.jit(do_not_specialize=["src_stride", "cols", "k", "out_stride"], do_not_specialize_on_alignment=["out"])
+def _count_select(src, src_stride, lengths, starts, cols, k, out, out_stride, WINDOWED: tl.constexpr,
+                  BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr):
+    row = tl.program_id(0)
+    end = tl.minimum(tl.maximum(tl.load(lengths + row), 0), cols)
+    first = 0
+    if WINDOWED:
+        first = tl.minimum(tl.maximum(tl.load(starts + row), 0), end)
+    n = end - first
+    col = tl.arange(0, BLOCK)
+    valid = col < n
+    x = tl.load(src + row.to(tl.int64) * src_stride + first + col, mask=valid, other=0.0).to(tl.float32)
+    x = tl.where(x != x, float("-inf"), x) + 0.0  # NaN as -inf; + 0.0: -0.0 as +0.0
+    bits = x.to(tl.uint32, bitcast=True)
+    key = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)  # unsigned order = score order
+    key = tl.where(valid, key & KEY_MASK, 0)
+
+    digit = tl.arange(0, _DIGITS).to(tl.uint32)
+    t = tl.zeros([1], tl.uint32)
+    for step in tl.static_range(STEPS):
+        shift = 32 - _STEP_BITS * (step + 1)
+        bound = t + (digit << shift)  # t with each next digit
+        at_or_above = tl.sum((key[None, :] >= bound[:, None]).to(tl.int32), axis=1)
+        best = tl.max(tl.where(at_or_above >= k, digit, 0), axis=0)  # digit 0 holds (or n < k: t = 0)
+        t = t + (best << shift)
+
+    above = key > t
+    tie = valid & (key == t)
+    tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - tie.to(tl.int32)
+    kept = valid & (above | (tie & (tie_rank < k - tl.sum(above.to(tl.int32), axis=0))))
+    place = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
+    row_out = out + row.to(tl.int64) * out_stride
+    tl.store(row_out + place, col, mask=kept)
+    count = tl.minimum(n, k)
+    for at in range(0, k, BLOCK):  # -1 past the kept ids
+        slot = at + col
+        tl.store(row_out + slot, -1, mask=(slot >= count) & (slot < k))
+
+
+def block_for(cols: int) -> int:
+    """The columns a program reads (masked past the window): a power of two, MIN_BLOCK..COUNT_MAX."""
+    return max(triton.next_power_of_2(cols), MIN_BLOCK)
+
+
+def takes(src: torch.Tensor, cols: int, pinned: bool, ord16: bool, fused: bool) -> bool:
+    """Whether a batch takes the count select (``COUNT_SELECT`` on): score rows of at most
+    COUNT_MAX columns, ids alone. A shape test, the same in every replay."""
+    return COUNT_SELECT and cols <= COUNT_MAX and src.dtype in STEPS and not (pinned or ord16 or fused)
+
+
+def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
+                 out: torch.Tensor) -> None:
+    """Row r's best ``k`` ids of columns [starts[r], lengths[r]) (clamped to [0, cols]; without
+    ``starts`` from 0), counted from the window's start, ascending, -1 padded."""
+    rows, steps, block = out.shape[0], STEPS[src.dtype], block_for(cols)
+    if rows:
+        _count_select[(rows,)](
+            src, src.stride(0), lengths, lengths if starts is None else starts, cols, k, out, out.stride(0),
+            WINDOWED=starts is not None, BLOCK=block, STEPS=steps,
+            KEY_MASK=(0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF,
+            num_warps=min(block // (32 * KEYS_PER_THREAD), 32),
+        )
