@@ -385,7 +385,7 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     if tiles.takes(scores, num_expert_group):  # many tokens (opt-in): the Triton tile kernel
         tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
-                          ids)
+                          ids, PDL)
         return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
@@ -410,4 +410,4 @@ def warm_triton(device: torch.device) -> None:
             ids = torch.empty(tiles.MIN_TOKENS, model.topk, dtype=torch.int32, device=device)
             for apply_sigmoid in (False, True):
                 tiles.route_tiles(scores, bias, model.topk, model.renormalize, 1.0, apply_sigmoid, groups, kept,
-                                  weights, ids)
+                                  weights, ids, PDL)

@@ -129,7 +129,10 @@ def _renormalized(picked, BLOCK_T: tl.constexpr):
 def _route_tiles(scores, scores_stride, bias, scale, weights, weights_stride, ids, ids_stride, tokens,
                  EXPERTS: tl.constexpr, EP2: tl.constexpr, TOPK: tl.constexpr, GROUPS: tl.constexpr,
                  TOPK_GROUP: tl.constexpr, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr,
-                 BLOCK_T: tl.constexpr):
+                 BLOCK_T: tl.constexpr, PDL: tl.constexpr):
+    if PDL:  # a programmatic dependent of the router GEMM: wait for its logits
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     token = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     expert = tl.arange(0, EP2)
     live = (token < tokens)[:, None] & (expert < EXPERTS)[None, :]
@@ -175,8 +178,9 @@ def takes(scores: torch.Tensor, num_expert_group: int) -> bool:
 
 
 def route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
-                ids) -> None:
-    """``moe_route`` by the tile kernel (arguments already checked; ``takes`` said yes)."""
+                ids, pdl: bool = False) -> None:
+    """``moe_route`` by the tile kernel (arguments already checked; ``takes`` said yes); ``pdl``:
+    launched as a programmatic dependent of the kernel before (``compile.PDL``)."""
     tokens, experts = scores.shape
     ep2 = triton.next_power_of_2(experts)
     block_t = max(TILE // ep2, 1)
@@ -184,5 +188,6 @@ def route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_exper
         _route_tiles[(triton.cdiv(tokens, block_t),)](
             scores, scores.stride(0), bias, scale, weights, weights.stride(0), ids, ids.stride(0), tokens,
             EXPERTS=experts, EP2=ep2, TOPK=topk, GROUPS=num_expert_group, TOPK_GROUP=topk_group,
-            SIGMOID=apply_sigmoid, RENORMALIZE=renormalize, BLOCK_T=block_t, num_warps=WARPS,
+            SIGMOID=apply_sigmoid, RENORMALIZE=renormalize, BLOCK_T=block_t, PDL=pdl, num_warps=WARPS,
+            launch_pdl=pdl,
         )
