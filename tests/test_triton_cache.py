@@ -87,3 +87,28 @@ def test_warmup_compiles_no_triton_kernel_the_folder_holds(tmp_path):
     seeded = {entry.name for entry in built.iterdir()}
     added = sorted(json.loads(p.read_text())["name"] for p in cache.glob("*/[!_]*.json") if p.parent.name not in seeded)
     assert not added, f"warmup() compiled Triton kernels the folder lacks: {added}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_the_opt_in_triton_kernels_compile_for_the_gpu(arch, tmp_path):
+    """The tile routing and the count select (opt-in, so the fill leaves them out) build for the
+    GPU, not only for the interpreter, in each dtype they take and as programmatic dependents."""
+    code = f"""
+import torch
+from pathlib import Path
+from torch_sparse_decode.kernels import triton_cache as tc
+from torch_sparse_decode.kernels.topk import count_select
+from torch_sparse_decode.ops.moe_route import tiles
+built = []
+with tc.compile_only({arch!r}, Path({str(tmp_path)!r}), built):
+    for experts, topk, groups, kept in ((256, 8, 8, 4), (384, 8, 1, 1)):
+        s = torch.zeros(512, experts, dtype=torch.bfloat16)
+        tiles.route_tiles(s, torch.zeros(experts), topk, True, 2.5, True, groups, kept, torch.empty(512, topk),
+                          torch.empty(512, topk, dtype=torch.int32), groups > 1)
+    for width, dtype in ((16384, torch.float32), (8192, torch.bfloat16), (2048, torch.float16)):
+        n = torch.ones(2, dtype=torch.int32)
+        count_select.count_select(torch.zeros(2, width, dtype=dtype), n, n, width, 2048,
+                                  torch.empty(2, 2048, dtype=torch.int32))
+print(len(built), *sorted({{kernel.name for kernel in built}}))
+"""
+    assert _python(code).split() == ["5", "_count_select", "_route_tiles"]

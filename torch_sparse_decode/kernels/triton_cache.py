@@ -87,7 +87,7 @@ def _capability(arch: str) -> int:
 
 
 @contextlib.contextmanager
-def _compile_only(arch: str, cache: Path, compiled: list):
+def compile_only(arch: str, cache: Path, compiled: list):
     """Within: Triton compiles every launch for ``arch`` into ``cache`` and launches nothing; each
     compiled kernel is appended to ``compiled``."""
     from triton import knobs
@@ -98,13 +98,13 @@ def _compile_only(arch: str, cache: Path, compiled: list):
     run = JITFunction.run
     previous = getattr(driver, "_active", None)  # None until something asked for the driver
 
-    def compile_only(self, *args, grid, warmup, **kwargs):
+    def compile_instead(self, *args, grid, warmup, **kwargs):
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
         compiled.append(kernel)
         return kernel
 
     driver.set_active(_TargetDriver(GPUTarget("cuda", _capability(arch), 32)))
-    JITFunction.run = compile_only
+    JITFunction.run = compile_instead
     try:
         with knobs.cache.scope():
             knobs.cache.dir = str(cache)
@@ -160,7 +160,7 @@ def compile_warm(arch: str, cache: Path, modules: list[str]) -> list:
     """Compile the Triton launches of each module's ``warm_triton`` for ``arch`` into Triton's
     file cache at ``cache``, launching nothing; returns the compiled kernels."""
     compiled: list = []
-    with _compile_only(arch, cache, compiled):
+    with compile_only(arch, cache, compiled):
         for name in modules:
             module = importlib.import_module(name)
             if hasattr(module, "warm_triton"):
@@ -174,7 +174,7 @@ def fill(folder: Path, arch: str, modules: list[str]) -> tuple[int, int]:
     cache = folder / FOLDER / identity()
     cache.mkdir(parents=True, exist_ok=True)
     kernels = compile_warm(arch, cache, modules)
-    with _compile_only(arch, cache, []):  # newer Tritons ask the driver while building a launcher
+    with compile_only(arch, cache, []):  # newer Tritons ask the driver while building a launcher
         return len(kernels), _launchers(kernels, cache)
 
 
