@@ -44,6 +44,7 @@ def test_fill_compiles_every_triton_warm_up(filled):
     (built,) = (filled / "triton").iterdir()
     names = {json.loads(p.read_text())["name"] for p in built.glob("*/*.json") if not p.name.startswith("__grp__")}
     assert names == {"_block_keys", "pack_kernel", "_row_lengths"}
+    assert {p.suffix for p in built.glob("*/*")} <= {".json", ".cubin", ".so"}  # what a launch loads
     assert all(json.loads(p.read_text())["target"]["arch"] == 90 for p in built.glob("*/[!_]*.json"))
 
 

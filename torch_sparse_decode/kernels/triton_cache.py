@@ -36,6 +36,9 @@ from pathlib import Path
 import torch
 
 FOLDER = "triton"  # under the kernel folder ($TORCH_SPARSE_DECODE_CACHE)
+# What a launch loads of an entry: the metadata and group files, the binary, a host module. The
+# IRs (ttir, ttgir, llir, ptx, source: three quarters of the bytes) are for reading, not loading.
+LOADED = (".json", ".cubin", ".so")
 
 
 def identity() -> str:
@@ -169,21 +172,28 @@ def compile_warm(arch: str, cache: Path, modules: list[str]) -> list:
 
 
 def fill(folder: Path, arch: str, modules: list[str]) -> tuple[int, int]:
-    """``compile_warm`` into ``folder/triton/<identity>``, and the kernels' host launchers;
-    returns (kernels compiled, host modules there)."""
+    """``compile_warm`` into ``folder/triton/<identity>``, and the kernels' host launchers, keeping
+    only what a launch loads; returns (kernels compiled, host modules there)."""
     cache = folder / FOLDER / identity()
     cache.mkdir(parents=True, exist_ok=True)
     kernels = compile_warm(arch, cache, modules)
     with compile_only(arch, cache, []):  # newer Tritons ask the driver while building a launcher
-        return len(kernels), _launchers(kernels, cache)
+        launchers = _launchers(kernels, cache)
+    for entry in cache.iterdir():
+        for path in entry.iterdir():
+            if path.suffix not in LOADED:
+                path.unlink()
+        _relocate(entry, entry)
+    return len(kernels), launchers
 
 
 def _relocate(entry: Path, home: Path) -> None:
     """Point ``entry``'s group files (``__grp__*.json``: Triton lists a compiled kernel's files by
-    absolute path, and takes a group whose files are missing for a miss) at ``home``."""
+    absolute path, and takes a group with a missing file for a miss) at ``home``, listing only
+    the files the entry holds."""
     for group in entry.glob("__grp__*.json"):
         paths = json.loads(group.read_text())["child_paths"]
-        moved = {name: str(home / Path(path).name) for name, path in paths.items()}
+        moved = {name: str(home / name) for name in paths if (entry / name).exists()}
         group.write_text(json.dumps({"child_paths": moved}))
 
 
