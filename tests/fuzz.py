@@ -18,6 +18,11 @@ Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator s
 a (seed, index) pair is its own reproducer. With TORCH_SPARSE_DECODE_SHORT_ROWS=1, ``indexer_topk``
 batches of at most 16K columns take the one-CTA short-row path: widths are drawn at its switch
 (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
+
+With TSD_FUZZ_OPT_IN=1 each case also draws the opt-in paths' switches (PDL, the short-row path,
+the count select, the tile routing: each on half the time) and restores them after: every path
+checked on the same batches, a case's switches in its reproducer line (the seed and index, with
+TSD_FUZZ_OPT_IN=1).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ WEIGHTS = (24, 10, 8, 28, 9, 7, 4, 12, 6)  # how often each op is drawn
 FAMILIES = ("randn", "equal", "few", "ascending", "descending", "narrow", "peaks", "signed_zero", "inf", "nan",
             "relu", "bf16_plateau", "relu_sparse")
 ELEMENTS = int(os.environ.get("TSD_FUZZ_ELEMENTS", 1 << 25))  # most scores one case draws (rows x width)
+OPT_IN = os.environ.get("TSD_FUZZ_OPT_IN") == "1"  # each case draws the opt-in paths' switches
 ALWAYS_BLOCKS = (1, 8, 16, 64, 256)
 # (experts, topk, num_expert_group, topk_group)
 ALWAYS_MOE = ((896, 16, 1, 1), (256, 8, 1, 1), (384, 8, 1, 1), (1024, 16, 1, 1), (17, 16, 1, 1), (1, 1, 1, 1),
@@ -451,11 +457,26 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
             ("weights: " + d) if (d := first_difference(out[0].view(torch.int32), want_w.view(torch.int32))) else "")
 
 
+def opt_in_switches():
+    """(module, attribute, name) of each opt-in path's switch."""
+    from torch_sparse_decode.kernels.topk import count_select, launch
+    from torch_sparse_decode.ops.moe_route import kernel as route, tiles
+
+    return ((launch, "PDL", "pdl"), (route, "PDL", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
+            (count_select, "COUNT_SELECT", "count_select"), (tiles, "TILES", "route_tiles"))
+
+
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
     """(the case, '' when it matched the reference else what differed)."""
     blocks, moe, shapes = palette or palettes(seed)
     rng = random.Random(f"{seed}:{index}")
     case = Case(seed, index, rng.choices(OPS, WEIGHTS)[0])
+    switches = opt_in_switches() if OPT_IN else ()
+    saved = [getattr(module, attr) for module, attr, _ in switches]
+    drawn = {name: rng.random() < 0.5 for name in dict.fromkeys(name for _, _, name in switches)}
+    for module, attr, name in switches:
+        setattr(module, attr, drawn[name])
+    case.params.update(drawn)
     try:
         if case.op.startswith("indexer") or case.op == "blocks":
             diff = topk_case(case, rng, blocks)
@@ -467,6 +488,9 @@ def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
             diff = moe_case(case, rng, moe)
     except Exception as err:  # an exception fails its case too, with its reproducer
         diff = f"raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    finally:
+        for (module, attr, _), value in zip(switches, saved):
+            setattr(module, attr, value)
     return case, diff
 
 
