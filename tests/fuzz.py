@@ -79,7 +79,8 @@ class Case:
     def line(self) -> str:
         """The reproducer: what the case was and how to run it alone."""
         shown = " ".join(f"{k}={v}" for k, v in self.params.items())
-        return f"seed={self.seed} case={self.index} op={self.op} {shown} (rerun: python tests/fuzz.py " \
+        env = "TSD_FUZZ_OPT_IN=1 " if OPT_IN else ""
+        return f"seed={self.seed} case={self.index} op={self.op} {shown} (rerun: {env}python tests/fuzz.py " \
                f"--seed {self.seed} --case {self.index})"
 
 
