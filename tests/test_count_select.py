@@ -1,8 +1,9 @@
 """The count select (kernels/topk/count_select.py: short rows, one Triton program a row, the k-th
 key found by counting), opted into with TORCH_SPARSE_DECODE_COUNT_SELECT=1 until it has run on
 the GPU: which batches take it; exact against the oracle at every boundary of k, of the width and
-of the switch, in every score dtype and every kind of scores, windowed; in the CPU interpreter
-(CI) and on the GPU through ``indexer_topk`` (in a CUDA graph too, and the engine's ids)."""
+of the switch, in every score dtype and every kind of scores, windowed, and for block keys with
+the pinned newest block; in the CPU interpreter (CI) and on the GPU through ``indexer_topk`` and
+``select_candidate_blocks`` (in a CUDA graph too, and the engine's ids)."""
 
 import os
 
@@ -72,8 +73,12 @@ def test_which_batches_take_it(monkeypatch):
     assert batch(100, ord16=True) == "engine"
     assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
     assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
-    x = torch.zeros(2, 100, dtype=torch.int32)  # block keys: the engine's own source
-    launch.select(x, torch.zeros(2, dtype=torch.int32), 100, 8, 4, torch.empty(2, 5, dtype=torch.int32), pinned=True)
+    keys = torch.zeros(2, COUNT_MAX, dtype=torch.int32)  # block keys, with the pinned newest block
+    launch.select(keys, torch.zeros(2, dtype=torch.int32), 8 * COUNT_MAX, 8, 4, torch.empty(2, 5, dtype=torch.int32),
+                  pinned=True)
+    assert taken[-1] == "count"
+    launch.select(torch.zeros(2, COUNT_MAX + 1, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
+                  8 * COUNT_MAX + 8, 8, 4, torch.empty(2, 5, dtype=torch.int32), pinned=True)
     assert taken[-1] == "engine"
 
 
@@ -106,6 +111,49 @@ def test_windows_and_unaligned_rows(switched_on, device, kind, k):
     col = torch.arange(width)
     x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
     check(x, ends, k, device, starts)
+
+
+def check_blocks(x, lengths, block, k, device, starts=None):
+    """Block selection through the path (the block-key pass, then the count select: on the CPU both
+    in the interpreter; on the GPU through ``select_candidate_blocks``) against the oracle."""
+    out = poisoned((x.shape[0], k), torch.int32, device)
+    if device == "cpu":
+        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
+
+        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30, starts=starts)
+        count_select.count_select(keys, lengths, starts, x.shape[1], k - 1, out, block, pinned=True)
+    else:
+        tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), block, k, out=out,
+                                    row_starts=None if starts is None else starts.cuda())
+    if starts is None:
+        want = oracle.candidate_blocks(x.float(), lengths, block, k)
+    else:
+        want = oracle.windowed(oracle.candidate_blocks, x.float(), starts, lengths, block, k)
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "relu_zeros", "nan_mixed", "all_nan",
+                                  "inf_mixed", "signed_zeros"])
+@pytest.mark.parametrize("block,k", [(8, 2048), (8, 1), (64, 256), (1, 512), (3, 100)])
+def test_block_keys_with_the_pinned_block(switched_on, device, kind, block, k):
+    width = min(COUNT_MAX * block, 1 << 17) - 5
+    keys = -(-width // block)
+    lengths = torch.tensor(sorted({min(max(v * block, 0), width) for v in
+                                   (0, 1, 2, k - 1, k, k + 1, k + 2, keys // 2, keys - 1, keys)} | {width - 3}),
+                           dtype=torch.int32)
+    check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [1, 64, 2048])
+def test_block_keys_in_windows(switched_on, device, k):
+    width = 8 * COUNT_MAX - 40
+    starts, ends = window_edges(k * 8, width)
+    x = scores("few_distinct", (starts.numel(), width), seed=k)
+    col = torch.arange(width)
+    x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
+    check_blocks(x, ends, 8, k, device, starts)
 
 
 @pytest.mark.gpu

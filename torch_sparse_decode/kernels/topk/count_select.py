@@ -13,12 +13,14 @@ COUNT_MAX keys, one program per row, with no histogram and no atomics.
   (about 0.8 us of each 1.6-us round on the H200); counting needs none.
 - Output: keys > t, and the first ``k - count(> t)`` keys == t in index order (a scan), each at
   its place among the kept (a second scan): ids ascending, ties to the lowest ids, no sort. A row
-  of at most k keys keeps them all, then -1.
+  of at most k keys keeps them all, unread (its keys all 0: all tied at t = 0), then -1.
+- Block keys (``select_candidate_blocks``): the block-key pass's keys, already in unsigned order
+  (8 steps), the newest block pinned after the best k of the others, as the engine writes it.
 
 Opt-in (TORCH_SPARSE_DECODE_COUNT_SELECT=1) until it has run on the GPU: exact in the CPU
-interpreter, not yet timed. ``launch.select`` takes it for ``indexer_topk`` batches of at most
-COUNT_MAX columns (a shape test: graph-safe, and exact like the engine, so a row's ids never
-depend on the other rows).
+interpreter, not yet timed. ``launch.select`` takes it for rows of at most COUNT_MAX scores
+(``indexer_topk``) or block keys (a shape test: graph-safe, and exact like the engine, so a row's
+ids never depend on the other rows).
 """
 
 from __future__ import annotations
@@ -40,22 +42,34 @@ _DIGITS = tl.constexpr(1 << STEP_BITS)
 STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4}
 
 
-@triton.jit(do_not_specialize=["src_stride", "cols", "k", "out_stride"], do_not_specialize_on_alignment=["out"])
-def _count_select(src, src_stride, lengths, starts, cols, k, out, out_stride, WINDOWED: tl.constexpr,
-                  BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr):
+@triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride"],
+            do_not_specialize_on_alignment=["out"])
+def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, WINDOWED: tl.constexpr,
+                  PINNED: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr):
     row = tl.program_id(0)
     end = tl.minimum(tl.maximum(tl.load(lengths + row), 0), cols)
     first = 0
     if WINDOWED:
         first = tl.minimum(tl.maximum(tl.load(starts + row), 0), end)
-    n = end - first
+    row_src = src + row.to(tl.int64) * src_stride
+    if PINNED:  # block keys from the window's first block; the newest block is pinned, not ranked
+        valid_blocks = (end - first + block - 1) // block
+        n = tl.maximum(valid_blocks - 1, 0)
+    else:
+        row_src += first
+        n = end - first
     col = tl.arange(0, BLOCK)
     valid = col < n
-    x = tl.load(src + row.to(tl.int64) * src_stride + first + col, mask=valid, other=0.0).to(tl.float32)
-    x = tl.where(x != x, float("-inf"), x) + 0.0  # NaN as -inf; + 0.0: -0.0 as +0.0
-    bits = x.to(tl.uint32, bitcast=True)
-    key = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)  # unsigned order = score order
-    key = tl.where(valid, key & KEY_MASK, 0)
+    # A row of <= k keys keeps them all, unread (block keys: never written for such rows).
+    read = col < tl.where((n > k) & (k > 0), n, 0)
+    if PINNED:
+        key = tl.load(row_src + col, mask=read, other=0).to(tl.uint32, bitcast=True)
+    else:
+        x = tl.load(row_src + col, mask=read, other=0.0).to(tl.float32)
+        x = tl.where(x != x, float("-inf"), x) + 0.0  # NaN as -inf; + 0.0: -0.0 as +0.0
+        bits = x.to(tl.uint32, bitcast=True)
+        key = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)  # unsigned order = score order
+        key = tl.where(read, key & KEY_MASK, 0)
 
     digit = tl.arange(0, _DIGITS).to(tl.uint32)
     t = tl.zeros([1], tl.uint32)
@@ -74,9 +88,14 @@ def _count_select(src, src_stride, lengths, starts, cols, k, out, out_stride, WI
     row_out = out + row.to(tl.int64) * out_stride
     tl.store(row_out + place, col, mask=kept)
     count = tl.minimum(n, k)
-    for at in range(0, k, BLOCK):  # -1 past the kept ids
+    width = k
+    if PINNED:  # the newest block after the ranked ones, where the row has a block
+        tl.store(row_out + count, valid_blocks - 1, mask=valid_blocks > 0)
+        count += (valid_blocks > 0).to(tl.int32)
+        width = k + 1
+    for at in range(0, width, BLOCK):  # -1 past the kept ids
         slot = at + col
-        tl.store(row_out + slot, -1, mask=(slot >= count) & (slot < k))
+        tl.store(row_out + slot, -1, mask=(slot >= count) & (slot < width))
 
 
 def block_for(cols: int) -> int:
@@ -84,21 +103,24 @@ def block_for(cols: int) -> int:
     return max(triton.next_power_of_2(cols), MIN_BLOCK)
 
 
-def takes(src: torch.Tensor, cols: int, pinned: bool, ord16: bool, fused: bool) -> bool:
-    """Whether a batch takes the count select (``COUNT_SELECT`` on): score rows of at most
-    COUNT_MAX columns, ids alone. A shape test, the same in every replay."""
-    return COUNT_SELECT and cols <= COUNT_MAX and src.dtype in STEPS and not (pinned or ord16 or fused)
+def takes(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool) -> bool:
+    """Whether a batch takes the count select (``COUNT_SELECT`` on): rows of at most COUNT_MAX
+    scores or block keys, ids alone. A shape test, the same in every replay."""
+    return (COUNT_SELECT and src.shape[1] <= COUNT_MAX and src.dtype in (STEPS if not pinned else (torch.int32,))
+            and not (ord16 or fused))
 
 
 def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
-                 out: torch.Tensor) -> None:
+                 out: torch.Tensor, block: int = 1, pinned: bool = False) -> None:
     """Row r's best ``k`` ids of columns [starts[r], lengths[r]) (clamped to [0, cols]; without
-    ``starts`` from 0), counted from the window's start, ascending, -1 padded."""
-    rows, steps, block = out.shape[0], STEPS[src.dtype], block_for(cols)
+    ``starts`` from 0), counted from the window's start, ascending, -1 padded. ``pinned``: ``src``
+    holds block keys (unsigned order; the window's blocks of ``block`` columns from 0), the
+    newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns."""
+    rows, steps = out.shape[0], STEPS.get(src.dtype, 8)
     if rows:
         _count_select[(rows,)](
-            src, src.stride(0), lengths, lengths if starts is None else starts, cols, k, out, out.stride(0),
-            WINDOWED=starts is not None, BLOCK=block, STEPS=steps,
+            src, src.stride(0), lengths, lengths if starts is None else starts, cols, block, k, out, out.stride(0),
+            WINDOWED=starts is not None, PINNED=pinned, BLOCK=block_for(src.shape[1]), STEPS=steps,
             KEY_MASK=(0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF,
-            num_warps=min(block // (32 * KEYS_PER_THREAD), 32),
+            num_warps=min(block_for(src.shape[1]) // (32 * KEYS_PER_THREAD), 32),
         )

@@ -17,6 +17,7 @@ import triton.language as tl
 
 from ...dtypes import WARM_SCORES
 from ...kernels import topk as engine
+from ...kernels.topk import count_select
 
 
 @triton.jit
@@ -97,3 +98,11 @@ def warm_triton(device: torch.device) -> None:
         for block in (8, 64):
             block_keys(x, n, block)
             block_keys(x, n, block, starts=n)
+    if count_select.COUNT_SELECT:  # and the count select over block keys at each width it is built for
+        out = torch.empty(1, 2048, dtype=torch.int32, device=device)
+        width = count_select.MIN_BLOCK
+        while width <= count_select.COUNT_MAX:
+            keys = torch.zeros(1, width, dtype=torch.int32, device=device)
+            for starts in (None, n):
+                count_select.count_select(keys, n, starts, 8 * width, 2047, out, 8, pinned=True)
+            width *= 2
