@@ -14,7 +14,7 @@ import oracle
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
 from test_indexer_topk import window_edges
-from torch_sparse_decode.dtypes import TOPK_SCORES
+from test_short_row import assert_oracle_tokens, assert_takes_score_rows, routed
 from torch_sparse_decode.kernels.topk import count_select, launch
 
 COUNT_MAX = count_select.COUNT_MAX
@@ -37,11 +37,7 @@ def check(x, lengths, k, device, starts=None):
         count_select.count_select(x, lengths, starts, x.shape[1], k, out)
     else:
         tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
-    if starts is None:
-        want = oracle.topk_tokens(x.float(), lengths, k)
-    else:
-        want = oracle.windowed(oracle.topk_tokens, x.float(), starts, lengths, k)
-    assert torch.equal(out.cpu(), want)
+    assert_oracle_tokens(out, x, lengths, k, starts)
     return out.cpu()
 
 
@@ -50,36 +46,20 @@ def test_off_by_default():
 
 
 def test_which_batches_take_it(monkeypatch):
-    """Score rows of at most COUNT_MAX columns, ids alone; everything else goes on as before."""
+    """Rows of at most COUNT_MAX scores or block keys, ids alone; everything else goes on as before."""
     taken = []
     monkeypatch.setattr(count_select, "count_select", lambda src, *a: taken.append("count"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-
-    def batch(width, dtype=torch.float32, **kw):
-        taken.clear()
-        x = torch.zeros(2, width, dtype=dtype)
-        launch.select(x, torch.zeros(2, dtype=torch.int32), width, 1, 4, torch.empty(2, 4, dtype=torch.int32),
-                      pinned=False, **kw)
-        return taken[0]
-
+    batch = routed(taken)
     monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     assert batch(COUNT_MAX) == "engine"
     monkeypatch.setattr(count_select, "COUNT_SELECT", True)
-    for dtype in TOPK_SCORES:
-        assert batch(COUNT_MAX, dtype) == "count" and batch(1, dtype) == "count"
-        assert batch(COUNT_MAX, dtype, starts=torch.zeros(2, dtype=torch.int32)) == "count"
-    assert batch(COUNT_MAX + 1) == "engine"
-    assert batch(100, ord16=True) == "engine"
-    assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
-    assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
-    keys = torch.zeros(2, COUNT_MAX, dtype=torch.int32)  # block keys, with the pinned newest block
-    launch.select(keys, torch.zeros(2, dtype=torch.int32), 8 * COUNT_MAX, 8, 4, torch.empty(2, 5, dtype=torch.int32),
-                  pinned=True)
-    assert taken[-1] == "count"
-    launch.select(torch.zeros(2, COUNT_MAX + 1, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
-                  8 * COUNT_MAX + 8, 8, 4, torch.empty(2, 5, dtype=torch.int32), pinned=True)
-    assert taken[-1] == "engine"
+    assert_takes_score_rows(batch, "count", COUNT_MAX)
+    for blocks, path in ((COUNT_MAX, "count"), (COUNT_MAX + 1, "engine")):  # block keys, the newest block pinned
+        launch.select(torch.zeros(2, blocks, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 8 * blocks, 8, 4,
+                      torch.empty(2, 5, dtype=torch.int32), pinned=True)
+        assert taken[-1] == path
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -38,30 +38,43 @@ def test_off_by_default_and_then_not_built(monkeypatch):
     assert short_row.catalog(None) == [(dtype,) for dtype in TOPK_SCORES]
 
 
-def test_which_batches_take_it(monkeypatch):
-    """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
-    taken = []
-    monkeypatch.setattr(short_row, "compiled", lambda dtype: lambda *args: taken.append(("short", dtype)))
-    monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append(("engine", args[0])))
-    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+def routed(taken: list):
+    """``batch(width, dtype, **kw)``: where ``launch.select`` sends a 2-row batch of ids alone (the
+    first path recorded in ``taken``)."""
 
     def batch(width, dtype=torch.float32, **kw):
         taken.clear()
         x = torch.zeros(2, width, dtype=dtype)
         launch.select(x, torch.zeros(2, dtype=torch.int32), width, 1, 4, torch.empty(2, 4, dtype=torch.int32),
                       pinned=False, **kw)
-        return taken[0][0]
+        return taken[0]
 
-    monkeypatch.setattr(short_row, "SHORT_ROWS", False)
-    assert batch(SHORT_MAX) == "engine"  # not opted into
-    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    return batch
+
+
+def assert_takes_score_rows(batch, path: str, widest: int) -> None:
+    """An opt-in short path's batches: score rows of every dtype up to ``widest`` columns, windowed
+    or not; one column more, ord16 keys, raw ids or a page table stay on the engine."""
     for dtype in TOPK_SCORES:
-        assert batch(SHORT_MAX, dtype) == "short" and batch(1, dtype) == "short"
-        assert batch(SHORT_MAX, dtype, starts=torch.zeros(2, dtype=torch.int32)) == "short"
-    assert batch(SHORT_MAX + 1) == "engine"
+        assert batch(widest, dtype) == path and batch(1, dtype) == path
+        assert batch(widest, dtype, starts=torch.zeros(2, dtype=torch.int32)) == path
+    assert batch(widest + 1) == "engine"
     assert batch(100, ord16=True) == "engine"
     assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
     assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
+
+
+def test_which_batches_take_it(monkeypatch):
+    """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
+    taken = []
+    monkeypatch.setattr(short_row, "compiled", lambda dtype: lambda *args: taken.append("short"))
+    monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    batch = routed(taken)
+    monkeypatch.setattr(short_row, "SHORT_ROWS", False)
+    assert batch(SHORT_MAX) == "engine"  # not opted into
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    assert_takes_score_rows(batch, "short", SHORT_MAX)
 
 
 def edge_lengths(k: int, width: int) -> torch.Tensor:
@@ -72,14 +85,19 @@ def edge_lengths(k: int, width: int) -> torch.Tensor:
     return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
 
 
-def check(x, lengths, k, starts=None):
-    out = poisoned((x.shape[0], k), torch.int32, "cuda")
-    tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
+def assert_oracle_tokens(out, x, lengths, k, starts=None) -> None:
+    """``out`` holds the oracle's ids of ``x``'s rows (their windows [starts, lengths) where given)."""
     if starts is None:
         want = oracle.topk_tokens(x.float(), lengths, k)
     else:
         want = oracle.windowed(oracle.topk_tokens, x.float(), starts, lengths, k)
     assert torch.equal(out.cpu(), want)
+
+
+def check(x, lengths, k, starts=None):
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
+    assert_oracle_tokens(out, x, lengths, k, starts)
     return out
 
 
