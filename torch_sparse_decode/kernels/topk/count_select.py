@@ -38,8 +38,10 @@ KEYS_PER_THREAD = 8  # up to the widest window (16 there: 32 warps at most)
 STEP_BITS = 4
 _STEP_BITS = tl.constexpr(STEP_BITS)  # as the kernel reads them
 _DIGITS = tl.constexpr(1 << STEP_BITS)
-# (steps, the key bits they cover) by score dtype: see the module docstring.
-STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4}
+# Steps by source (see the module docstring): scores by dtype, block keys (int32) all 32 bits.
+STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4, torch.int32: 8}
+# The keys' bits the steps cover (the rest are cleared), by source.
+KEY_MASKS = {dtype: (0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF for dtype, steps in STEPS.items()}
 
 
 @triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride"],
@@ -105,9 +107,9 @@ def block_for(cols: int) -> int:
 
 def takes(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool) -> bool:
     """Whether a batch takes the count select (``COUNT_SELECT`` on): rows of at most COUNT_MAX
-    scores or block keys, ids alone. A shape test, the same in every replay."""
-    return (COUNT_SELECT and src.shape[1] <= COUNT_MAX and src.dtype in (STEPS if not pinned else (torch.int32,))
-            and not (ord16 or fused))
+    scores or block keys (int32, ``pinned``), ids alone. A shape test, the same in every replay."""
+    return (COUNT_SELECT and src.shape[1] <= COUNT_MAX and src.dtype in STEPS
+            and (src.dtype is torch.int32) == pinned and not (ord16 or fused))
 
 
 def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
@@ -116,11 +118,28 @@ def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor 
     ``starts`` from 0), counted from the window's start, ascending, -1 padded. ``pinned``: ``src``
     holds block keys (unsigned order; the window's blocks of ``block`` columns from 0), the
     newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns."""
-    rows, steps = out.shape[0], STEPS.get(src.dtype, 8)
+    rows, width = out.shape[0], block_for(src.shape[1])
     if rows:
         _count_select[(rows,)](
             src, src.stride(0), lengths, lengths if starts is None else starts, cols, block, k, out, out.stride(0),
-            WINDOWED=starts is not None, PINNED=pinned, BLOCK=block_for(src.shape[1]), STEPS=steps,
-            KEY_MASK=(0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF,
-            num_warps=min(block_for(src.shape[1]) // (32 * KEYS_PER_THREAD), 32),
+            WINDOWED=starts is not None, PINNED=pinned, BLOCK=width, STEPS=STEPS[src.dtype],
+            KEY_MASK=KEY_MASKS[src.dtype], num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
         )
+
+
+def warm(device: torch.device, pinned: bool) -> None:
+    """Compile (``kernels/triton_cache``) or load each build the count select takes, where it is
+    switched on: every width it reads, with and without windows, for scores of each dtype or
+    (``pinned``) block keys."""
+    if not COUNT_SELECT:
+        return
+    lengths = torch.ones(1, dtype=torch.int32, device=device)
+    out = torch.empty(1, 2048, dtype=torch.int32, device=device)
+    width = MIN_BLOCK
+    while width <= COUNT_MAX:
+        for dtype in [d for d in STEPS if (d is torch.int32) == pinned]:
+            src = torch.zeros(1, width, dtype=dtype, device=device)
+            for starts in (None, lengths):
+                count_select(src, lengths, starts, 8 * width if pinned else width, 2047 if pinned else 2048, out,
+                             8 if pinned else 1, pinned)
+        width *= 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels import topk as engine
+from ...kernels.topk import count_select
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor,
@@ -14,18 +15,5 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
 
 
 def warm_triton(device: torch.device) -> None:
-    """The count select (where switched on) at each width it is built for, each score dtype, with
-    and without windows (``kernels/triton_cache``)."""
-    from ...kernels.topk import count_select
-
-    if not count_select.COUNT_SELECT:
-        return
-    lengths = torch.ones(1, dtype=torch.int32, device=device)
-    out = torch.empty(1, 2048, dtype=torch.int32, device=device)
-    block = count_select.MIN_BLOCK
-    while block <= count_select.COUNT_MAX:
-        for dtype in count_select.STEPS:
-            scores = torch.zeros(1, block, dtype=dtype, device=device)
-            for starts in (None, lengths):
-                count_select.count_select(scores, lengths, starts, block, 2048, out)
-        block *= 2
+    """The count select over scores, where switched on (``kernels/triton_cache``)."""
+    count_select.warm(device, pinned=False)

@@ -19,6 +19,8 @@ from ...dtypes import WARM_SCORES
 from ...kernels import topk as engine
 from ...kernels.topk import count_select
 
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as Triton reads it
+
 
 @triton.jit
 def _block_keys(logits, stride, ends, starts, width, keys, keys_stride, keep_all, WINDOWED: tl.constexpr,
@@ -76,7 +78,7 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
             keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program,
-            EARLY=os.environ.get("TRITON_INTERPRET") != "1", num_warps=8,
+            EARLY=not _INTERPRETED, num_warps=8,
         )
     return keys
 
@@ -98,11 +100,4 @@ def warm_triton(device: torch.device) -> None:
         for block in (8, 64):
             block_keys(x, n, block)
             block_keys(x, n, block, starts=n)
-    if count_select.COUNT_SELECT:  # and the count select over block keys at each width it is built for
-        out = torch.empty(1, 2048, dtype=torch.int32, device=device)
-        width = count_select.MIN_BLOCK
-        while width <= count_select.COUNT_MAX:
-            keys = torch.zeros(1, width, dtype=torch.int32, device=device)
-            for starts in (None, n):
-                count_select.count_select(keys, n, starts, 8 * width, 2047, out, 8, pinned=True)
-            width *= 2
+    count_select.warm(device, pinned=True)  # and the count select over block keys, where switched on
