@@ -1,7 +1,10 @@
 """Programmatic dependent launch (``TORCH_SPARSE_DECODE_PDL``) behind the kernel a runner has before
-each op: the router GEMM before ``moe_route``, the indexer's score GEMM before ``indexer_topk``.
-Each step (the GEMM, then the op) is captured in a CUDA graph and timed with the op launched
-plainly and as a programmatic dependent, switched in the same process, beside the GEMM alone.
+each op: the router GEMM before ``moe_route``, the residual add that writes the hidden states
+before the router front (``moe_gate_route``), the indexer's score GEMM before ``indexer_topk`` and
+before the DCP pack (``dcp.pack_candidates``: the local select, then the pack). Each step (the
+kernel before, then the op) is captured in a CUDA graph and timed with our kernels launched
+plainly and as programmatic dependents, switched in the same process, beside the kernel before
+alone.
 
     python benchmarks/bench_pdl.py [--quick] [--results FILE]
 
@@ -14,37 +17,47 @@ import torch
 
 import torch_sparse_decode as tsd
 from harness import Table, graph_us, parser, rotation
+from torch_sparse_decode import dcp
+from torch_sparse_decode.kernels import pdl
+
+HIDDEN = 7168
 
 
-def switch(on: bool) -> None:
-    """Every kernel that reads ``compile.PDL`` at its call: the engine's launch and moe_route."""
-    from torch_sparse_decode.kernels.topk import launch
-    from torch_sparse_decode.ops.moe_route import kernel
-
-    launch.PDL = kernel.PDL = on
-
-
-def timed(gemm, op, sets) -> tuple[float, float, float]:
-    """(GEMM alone, GEMM then op plainly, GEMM then op as its programmatic dependent), us a step."""
-    alone = graph_us(lambda i: gemm(*sets[i % len(sets)]))
+def timed(before, op, sets) -> tuple[float, float, float]:
+    """(the kernel before alone, it then the op plainly, it then the op as its programmatic
+    dependent), us a step."""
+    alone = graph_us(lambda i: before(*sets[i % len(sets)]))
     steps = []
     for on in (False, True):
-        switch(on)
-        steps.append(graph_us(lambda i: op(gemm(*sets[i % len(sets)]))))
-    switch(False)
+        pdl.ON = on
+        steps.append(graph_us(lambda i: op(before(*sets[i % len(sets)]))))
+    pdl.ON = False
     return alone, *steps
 
 
 def route_case(tokens: int):
-    hidden, experts = 7168, 256
-    gate = torch.randn(experts, hidden, device="cuda", dtype=torch.bfloat16) * 0.02
+    experts = 256
+    gate = torch.randn(experts, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
     bias = torch.randn(experts, device="cuda") * 0.05
-    sets = rotation(lambda seed: (torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16),),
-                    tokens * hidden * 2 + experts * hidden * 2)
+    sets = rotation(lambda seed: (torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16),),
+                    tokens * HIDDEN * 2 + experts * HIDDEN * 2)
     gemm = lambda x: x @ gate.t()  # noqa: E731  (bf16 logits, as a runner's router GEMM gives them)
     op = lambda logits: tsd.moe_route(logits, bias, 8, scale=2.5, apply_sigmoid=True,  # noqa: E731
                                       num_expert_group=8, topk_group=4)
     return gemm, op, sets
+
+
+def front_case(tokens: int, experts: int, topk: int, groups: int, kept: int):
+    bias = torch.randn(experts, device="cuda") * 0.05
+    # Fresh router weights per set: a layer's weights are not in L2 when its router runs.
+    sets = rotation(lambda seed: (torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16),
+                                  torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16),
+                                  (torch.randn(experts, HIDDEN, device="cuda") * HIDDEN ** -0.5).bfloat16()),
+                    experts * HIDDEN * 2)
+    add = lambda attn, residual, gate: (attn + residual, gate)  # noqa: E731  (the residual add writes hidden)
+    op = lambda pair: tsd.moe_gate_route(pair[0], pair[1], bias, topk, scale=2.5,  # noqa: E731
+                                         num_expert_group=groups, topk_group=kept)
+    return add, op, sets
 
 
 def indexer_case(rows: int, width: int):
@@ -58,17 +71,33 @@ def indexer_case(rows: int, width: int):
     return gemm, op, sets
 
 
+def pack_case(rows: int, width: int, world_size: int = 2):
+    gemm, _, sets = indexer_case(rows, width)
+    lengths = torch.full((rows,), width, dtype=torch.int32, device="cuda")
+    op = lambda scores: dcp.pack_candidates(scores, lengths, world_size, 0, 2048)  # noqa: E731
+    return gemm, op, sets
+
+
 def main() -> None:
     args = parser(__doc__).parse_args()
-    table = Table("the op as a programmatic dependent of the GEMM before it (us a step)",
-                  ["op", "shape", "GEMM alone", "GEMM + op", "GEMM + op, PDL", "saved by PDL"])
+    table = Table("our kernels as programmatic dependents of the kernel before (us a step)",
+                  ["op", "shape", "kernel before", "it alone", "it + op", "it + op, PDL", "saved by PDL"])
+
+    def add(name, shape, before, case):
+        alone, plain, dependent = timed(*case)
+        table.add(name, shape, before, alone, plain, dependent, f"{plain - dependent:+.2f}")
+
     for tokens in (1, 64) if args.quick else (1, 64, 256, 4096):
-        alone, plain, pdl = timed(*route_case(tokens))
-        table.add("moe_route DeepSeek-V3", f"T={tokens}", alone, plain, pdl, f"{plain - pdl:+.2f}")
+        add("moe_route DeepSeek-V3", f"T={tokens}", "router GEMM", route_case(tokens))
+    for experts, topk, groups, kept in ((896, 16, 1, 1), (256, 8, 8, 4)):
+        for tokens in (1,) if args.quick else (1, 4):
+            add(f"moe_gate_route {experts}/{topk}", f"T={tokens}", "residual add",
+                front_case(tokens, experts, topk, groups, kept))
     for rows, width in ((8, 8 << 10),) if args.quick else ((1, 8 << 10), (8, 8 << 10), (64, 8 << 10),
                                                           (8, 32 << 10), (8, 128 << 10)):
-        alone, plain, pdl = timed(*indexer_case(rows, width))
-        table.add("indexer_topk k=2048", f"{rows}x{width >> 10}K bf16", alone, plain, pdl, f"{plain - pdl:+.2f}")
+        add("indexer_topk k=2048", f"{rows}x{width >> 10}K bf16", "score GEMM", indexer_case(rows, width))
+    for rows in (1,) if args.quick else (1, 32):
+        add("dcp pack W=2 K=2048", f"{rows}x64K bf16", "score GEMM", pack_case(rows, 64 << 10))
     table.emit(args.results)
 
 

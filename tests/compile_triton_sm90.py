@@ -1,6 +1,8 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
 size class and logits dtype, the decode row lengths, and the DCP B' row writer (fp32 and bf16
-scores) and merge (plain and symmetric-memory exchange) at the decode shapes. Run as a script
+scores) and merge (plain and symmetric-memory exchange) at the decode shapes, and each kernel
+that takes the PDL switch (block keys, pack, count select, tile routing) plain and as a
+programmatic dependent, which alone waits for the grid before. Run as a script
 (the test runs it in a subprocess without TRITON_INTERPRET, which would replace the kernels by
 interpreted ones). Prints one line per configuration.
 
@@ -25,12 +27,12 @@ TARGET = GPUTarget("cuda", 90, 32)
 
 BLOCK_KEYS = dict(logits="*fp32", stride="i64", ends="*i32", starts="*i32", width="i32", keys="*i32",
                   keys_stride="i64", keep_all="i32", WINDOWED="constexpr", BLOCK="constexpr", BLOCK_P2="constexpr",
-                  BLOCKS="constexpr", EARLY="constexpr")
+                  BLOCKS="constexpr", EARLY="constexpr", PDL="constexpr")
 PACK_ROWS = dict(ids="*i32", ids_stride="i64", scores="*fp32", scores_stride="i64", packed="*i32", packed_stride="i64",
                  rescue="*i32", rescue_stride="i64", state="*i64", peers="*i64", rank="i32", push_offset="i64",
                  parity_packed="i64", parity_rescue="i64",
                  K="constexpr", N="constexpr", R="constexpr", SLOTS="constexpr", W="constexpr", EXCHANGE="constexpr",
-                 EARLY_MERGE="constexpr")
+                 EARLY_MERGE="constexpr", PDL="constexpr")
 MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i64", peers="*i64",
              rescue_offset="i64", rescue_row_stride="i64", scratch="*i32", scratch_stride="i64", global_ids="*i32",
              local_ids="*i32", out_stride="i64", local_count="*i32", K="i32", rank="i32", state="*i64",
@@ -49,6 +51,38 @@ def build(fn, signature, constexprs, aligned: tuple = ()) -> None:
     return compiled
 
 
+COUNT_SELECT = dict(src="*fp32", src_stride="i64", lengths="*i32", starts="*i32", cols="i32", block="i32", k="i32",
+                    out="*i32", out_stride="i64", WINDOWED="constexpr", PINNED="constexpr", BLOCK="constexpr",
+                    STEPS="constexpr", KEY_MASK="constexpr", PDL="constexpr")
+ROUTE_TILES = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp32", weights="*fp32",
+                   weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
+                   EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr", SIGMOID="constexpr",
+                   RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
+
+
+def programmatic_dependents() -> int:
+    """Each Triton kernel that takes ``kernels/pdl.py``'s switch: its PTX waits for the grid before
+    (griddepcontrol.wait) with PDL, and only then."""
+    from torch_sparse_decode.kernels.topk import count_select
+    from torch_sparse_decode.ops.moe_route import tiles
+
+    builds = [
+        (blocks._block_keys, BLOCK_KEYS, dict(WINDOWED=False, BLOCK=8, BLOCK_P2=8, BLOCKS=1024, EARLY=True)),
+        (dcp_pack.pack_kernel, PACK_ROWS, dict(K=2048, N=1024, R=2048, W=2, SLOTS=2048, EXCHANGE=True,
+                                              EARLY_MERGE=True)),
+        (count_select._count_select, COUNT_SELECT, dict(WINDOWED=False, PINNED=False, BLOCK=8192, STEPS=8,
+                                                       KEY_MASK=0xFFFFFFFF)),
+        (tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True,
+                                               RENORMALIZE=True, BLOCK_T=8)),
+    ]
+    for fn, signature, constexprs in builds:
+        for pdl in (False, True):
+            waits = "griddepcontrol.wait" in build(fn, signature, dict(constexprs, PDL=pdl)).asm["ptx"]
+            if waits != pdl:
+                raise SystemExit(f"{fn.__name__} PDL={pdl}: griddepcontrol.wait {'missing' if pdl else 'present'}")
+    return 2 * len(builds)
+
+
 def main() -> int:
     count = 0
     for block in (1, 3, 8, 64, 100, 256):
@@ -57,7 +91,7 @@ def main() -> int:
             for windowed in (False, True):
                 compiled = build(blocks._block_keys, dict(BLOCK_KEYS, logits=logits),
                                  dict(WINDOWED=windowed, BLOCK=block, BLOCK_P2=block_p2,
-                                      BLOCKS=max(8192 // block_p2, 1), EARLY=True),
+                                      BLOCKS=max(8192 // block_p2, 1), EARLY=True, PDL=False),
                                  aligned=("logits", "stride", "keys", "keys_stride"))
                 count += 1
                 per_thread = 16 // (4 if logits == "*fp32" else 2)
@@ -72,7 +106,8 @@ def main() -> int:
             scores = "*bf16" if exchange else "*fp32"
             build(dcp_pack.pack_kernel, dict(PACK_ROWS, scores=scores), dict(K=k, N=n, R=slots, W=world_size,
                                                                         SLOTS=max(triton.next_power_of_2(slots), 32),
-                                                                        EXCHANGE=exchange, EARLY_MERGE=exchange))
+                                                                        EXCHANGE=exchange, EARLY_MERGE=exchange,
+                                                                        PDL=False))
             build(dcp_merge_triton.merge_kernel, MERGE, dict(W=world_size, WP2=triton.next_power_of_2(world_size), N=n,
                                               NP2=triton.next_power_of_2(n), R=slots,
                                               KP2=triton.next_power_of_2(k), WORDS=world_size << 12,
@@ -81,6 +116,7 @@ def main() -> int:
     build(row_lengths._row_lengths, dict(seq_lens="*i32", out="*i32", rows="i32", next_n="i32", ROWS="constexpr"),
           dict(ROWS=row_lengths.ROWS))
     count += 1
+    count += programmatic_dependents()
     print(f"compiled {count} configurations")
     return 0
 

@@ -460,10 +460,11 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
 
 def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
-    from torch_sparse_decode.kernels.topk import count_select, launch
-    from torch_sparse_decode.ops.moe_route import kernel as route, tiles
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.kernels.topk import count_select
+    from torch_sparse_decode.ops.moe_route import tiles
 
-    return ((launch, "PDL", "pdl"), (route, "PDL", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
+    return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (count_select, "COUNT_SELECT", "count_select"), (tiles, "TILES", "route_tiles"))
 
 

@@ -56,13 +56,14 @@ def test_the_engine_catalog_holds_every_configuration_the_ops_take():
 def test_the_routing_catalogs_follow_the_models_and_the_gpu():
     """moe_route takes each model's scores and logits in fp32 and bf16; the front's grid follows
     the SM count, and a model whose weight rows do not fit a launch gets no front."""
+    from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.ops.moe_gate_route import front
     from torch_sparse_decode.ops.moe_route import kernel as route
 
     deepseek = helper.RoutedModel("DeepSeek-V3", 256, 8, 8, 4)
     wide = helper.RoutedModel("too wide", 1024, 8, hidden=16384)
     target = helper.Target("sm_90a", 132, (deepseek, wide))
-    asked = route.compiled.config(256, 8, True, True, 8, 4, torch.bfloat16, pdl=route.PDL)  # as the op asks
+    asked = route.compiled.config(256, 8, True, True, 8, 4, torch.bfloat16, pdl=pdl.enabled())  # as the op asks
     assert asked in route.compiled.catalog(target)
     assert len(route.compiled.catalog(target)) == 8
     fronts = front.compiled.catalog(target)
@@ -72,8 +73,8 @@ def test_the_routing_catalogs_follow_the_models_and_the_gpu():
 
 
 def test_a_kernels_sources_are_its_module_and_what_it_imports():
-    """The key names the files a kernel is built from, not the whole package: an edit to another
-    op leaves the engine's objects valid."""
+    """The key names the files a kernel is built from, not the whole package (the engine's: not
+    ``launch.py``): an edit to another op leaves the engine's objects valid."""
     from torch_sparse_decode.kernels import topk
     from torch_sparse_decode.ops.moe_gate_route import front
 
@@ -83,7 +84,7 @@ def test_a_kernels_sources_are_its_module_and_what_it_imports():
 
     engine = {f"kernels/topk/{name}.py" for name in ("engine", "cluster", "digits", "keys", "layout", "one_read",
                                                      "output", "stream")}
-    assert files(topk.compiled) == engine | {"kernels/compile.py", "kernels/cute.py", "dtypes.py"}  # not launch.py
+    assert files(topk.compiled) == engine | {"kernels/compile.py", "kernels/cute.py", "kernels/pdl.py", "dtypes.py"}
     used = files(front.compiled)
     assert {"ops/moe_gate_route/front.py", "ops/moe_route/kernel.py", "limits.py", "kernels/cute.py"} <= used
     assert "kernels/topk/engine.py" not in used and "ops/moe_gate_route/op.py" not in used

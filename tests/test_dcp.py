@@ -232,6 +232,39 @@ def test_init_builds_the_workspace_and_warms_the_step_where_every_rank_agrees(mo
     assert calls == [("workspace", 2, 2048), ("warm", 2, 2048), ("step", torch.float32), ("step", torch.bfloat16)]
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_pack_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
+    """Launched as programmatic dependents (``kernels/pdl.py``): the local select after the GEMM
+    that writes the scores, the pack after the select, eagerly and in a CUDA graph with fresh
+    inputs each replay. The B' rows are the reference's on those scores every time (slots in
+    ascending local id, as the kernels write them)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from dcp_cases import canonical_rows
+    from graphs import capture_graph
+    from torch_sparse_decode.kernels import pdl
+
+    monkeypatch.setattr(pdl, "ON", True)
+    world_size, topk = 2, 2048
+    gen = torch.Generator().manual_seed(13)
+    keys = (torch.randn(20000, 64, generator=gen) * 0.1).cuda()
+    lengths = torch.tensor([20000, 7000, 1500], dtype=torch.int32).cuda()
+
+    def step(query):
+        x = (query @ keys.t()).float()  # cuBLAS, the kernel before
+        return (x, *dcp.pack_candidates(x, lengths, world_size, 1, topk))
+
+    sets = [torch.randn(3, 64, generator=gen).cuda() for _ in range(4)]
+    run = capture_graph(step, sets[0]) if graph else step
+    n, slots = dcp.dcp_merge_local_topk(topk, world_size), dcp.rescue_row_slots(topk)
+    for query in sets * 2:
+        x, packed, rescue = (t.cpu() for t in run(query))
+        want_packed, want_rescue = dcp.pack_candidates(x, lengths.cpu(), world_size, 1, topk)
+        assert torch.equal(canonical_rows(packed, n), canonical_rows(want_packed, n))
+        assert torch.equal(canonical_rows(rescue, slots), canonical_rows(want_rescue, slots))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_dcp_zero_rows_and_zero_width(device):
     """Empty batches and rows with no local tokens: empty outputs and -1 padding, on every device."""

@@ -233,11 +233,19 @@ def _push_all(group, x, lengths, topk):
         push_rows(ws, x[rank], lengths[rank], topk)
 
 
+@pytest.mark.parametrize("dependent", [False, True], ids=["plain", "pdl"])
 @pytest.mark.parametrize("world_size,topk", [(2, 2048), (3, 256), (4, 64)])
-def test_exchange_step_over_simulated_ranks(world_size, topk):
+def test_exchange_step_over_simulated_ranks(monkeypatch, world_size, topk, dependent):
     """The symmetric-memory step (tagged push into every rank's buffer, then wait + merge + step
     advance) with W ranks in one process: every rank pushes, then every rank merges. Four steps
-    walk both parities with new inputs (saturating rows, then every-kind rows of other lengths)."""
+    walk both parities with new inputs (saturating rows, then every-kind rows of other lengths).
+    ``pdl``: the pack launched as a programmatic dependent (``kernels/pdl.py``; GPU only)."""
+    if dependent:
+        if DEVICE == "cpu":
+            pytest.skip("the CPU interpreter has no programmatic dependent launch")
+        from torch_sparse_decode.kernels import pdl
+
+        monkeypatch.setattr(pdl, "ON", True)
     n = dcp.dcp_merge_local_topk(topk, world_size)
     widest = max(topk, 2 * n, 600 - 77) + 77 + 2  # the bitmaps sized to the widest step below, not to 2**17
     group = simulated_group(world_size, topk, max_rows=4, max_local_len=widest, device=DEVICE)

@@ -339,7 +339,7 @@ def test_router_front_profile_build_compiles():
     assert front.compiled(256, 7168, 8, True, 8, 4, front.ctas_for(256, 132), 4, profile=True)
 
 
-def _compiled_ir(kernel, *config) -> str:
+def _compiled_ir(kernel, *config, **named) -> str:
     """The IR the DSL hands its compiler for one configuration."""
     import tempfile
     from pathlib import Path
@@ -351,21 +351,39 @@ def _compiled_ir(kernel, *config) -> str:
     with tempfile.TemporaryDirectory() as dump:
         env.dump_dir, env.keep_ir = dump, True
         try:
-            kernel.build(*config)
+            kernel.build(*config, **named)
         finally:
             env.dump_dir, env.keep_ir = saved
         return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
 
 
-def test_the_engine_waits_for_the_kernel_before_only_as_a_programmatic_dependent():
-    """compile.PDL (TORCH_SPARSE_DECODE_PDL=1) is what the catalog and the ops ask for; a build with
-    it waits for the kernel before (and lets its own dependents launch), a plain one does neither."""
-    from torch_sparse_decode.kernels.compile import MODELS, PDL, Target
-    from torch_sparse_decode.kernels.topk import engine, launch
+# A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``).
+PDL_BUILDS = {
+    "engine": ("torch_sparse_decode.kernels.topk.engine", (torch.float32, False, 2, False, False, False)),
+    "short_row": ("torch_sparse_decode.kernels.topk.short_row", (torch.float32,)),
+    "moe_route": ("torch_sparse_decode.ops.moe_route.kernel", (256, 8, True, True, 8, 4)),
+    "front": ("torch_sparse_decode.ops.moe_gate_route.front", (256, 7168, 8, True, 8, 4, 128, 1)),
+}
 
-    assert launch.PDL == PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
-    assert {config[-1] for config in engine.compiled.catalog(Target("sm_90a", 132, MODELS))} == {PDL}
+
+@pytest.mark.parametrize("name", PDL_BUILDS)
+def test_a_kernel_waits_for_the_kernel_before_only_as_a_programmatic_dependent(name):
+    """``kernels/pdl.py`` (TORCH_SPARSE_DECODE_PDL=1) is what the catalog asks for; a build with it
+    waits for the kernel before (and lets its own dependents launch), a plain one does neither.
+    The router front copies its weights (no kernel's output) before it waits."""
+    import importlib
+
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.kernels.compile import MODELS, Target
+
+    module, config = PDL_BUILDS[name]
+    compiled = importlib.import_module(module).compiled
+    assert pdl.ON == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
+    at = list(compiled._signature.parameters).index("pdl")
+    assert {c[at] for c in compiled.catalog(Target("sm_90a", 132, MODELS))} <= {pdl.enabled()}
     marks = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
-    assert all(mark in _compiled_ir(engine.compiled, torch.float32, False, 2, False, False, False, True)
-               for mark in marks)
-    assert not any(mark in _compiled_ir(engine.compiled, torch.float32, False, 2) for mark in marks)
+    dependent = _compiled_ir(compiled, *config, pdl=True)
+    assert all(mark in dependent for mark in marks)
+    assert not any(mark in _compiled_ir(compiled, *config) for mark in marks)
+    if name == "front":
+        assert 0 <= dependent.find("cp.async") < dependent.find("griddepcontrol.wait")

@@ -24,12 +24,20 @@ def inputs(tokens, experts, width, seed, device):
 
 def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
     tokens, experts = hidden.shape[0], gate.shape[0]
-    f32, i32 = dict(dtype=torch.float32), dict(dtype=torch.int32)
     out = (poisoned((tokens, topk), torch.float32, hidden.device), poisoned((tokens, topk), torch.int32, hidden.device),
            poisoned((tokens, experts), torch.float32, hidden.device))
     weights, ids, logits = tsd.moe_gate_route(hidden, gate, bias, topk, renormalize=renormalize, scale=scale,
                                               num_expert_group=groups, topk_group=kept, out=out)
     assert weights is out[0] and ids is out[1] and logits is out[2]
+    assert_routed(hidden, gate, bias, topk, groups, kept, scale, renormalize, weights, ids, logits)
+    return weights, ids, logits
+
+
+def assert_routed(hidden, gate, bias, topk, groups, kept, scale, renormalize, weights, ids, logits):
+    """The logits within the fp32 accumulation bound of the exact product, and the routing that of
+    ``moe_route`` on their sigmoid, bit for bit."""
+    tokens = hidden.shape[0]
+    f32, i32 = dict(dtype=torch.float32), dict(dtype=torch.int32)
     exact = hidden.double() @ gate.double().T
     bound, magnitude = oracle.accumulation_bound(hidden, gate)
     inside = magnitude <= torch.finfo(torch.float32).max  # no partial sum overflows (nor NaN inputs)
@@ -42,7 +50,6 @@ def check(hidden, gate, bias, topk, groups, kept, scale, renormalize=True):
                               torch.empty(tokens, topk, device=hidden.device, **i32)))
     assert torch.equal(ids, want[1])
     assert torch.equal(weights.view(torch.int32), want[0].view(torch.int32))  # bit for bit
-    return weights, ids, logits
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -140,6 +147,38 @@ def test_graph_replay_with_fresh_inputs():
         graph.replay()
         want = tsd.moe_gate_route(hidden, gate, bias, 16, scale=2.5)
         assert all(torch.equal(g, w) for g, w in zip(result, want))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
+def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph, shape):
+    """Launched as programmatic dependents (``kernels/pdl.py``): three fronts back to back after
+    the kernel that writes their hidden states, each a dependent of the one before (whose mailbox
+    parity it reads after its wait), eagerly and in a CUDA graph with fresh inputs each replay.
+    Each routes its own logits every time (a read before the kernel before finished would not)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from graphs import capture_graph
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.ops.moe_gate_route import kernel
+
+    monkeypatch.setattr(pdl, "ON", True)
+    experts, width, topk, groups, kept, scale = shape
+    _, gate, bias = inputs(1, experts, width, 11, "cuda")
+    spans = ((0, 4), (1, 2), (1, 4))  # 16-byte aligned rows: each a front launch
+
+    def step(x):
+        hidden = x * 2  # the kernel before: it writes the hidden states
+        return [(hidden[a:b], *tsd.moe_gate_route(hidden[a:b], gate, bias, topk, scale=scale, num_expert_group=groups,
+                                                  topk_group=kept)) for a, b in spans]
+
+    sets = [inputs(4, experts, width, seed, "cuda")[0] for seed in range(20, 24)]
+    assert kernel.uses_front(sets[0], gate)
+    run = capture_graph(step, sets[0]) if graph else step
+    for x in sets * 2:
+        for hidden, weights, ids, logits in run(x):
+            assert_routed(hidden, gate, bias, topk, groups, kept, scale, True, weights, ids, logits)
 
 
 @pytest.mark.gpu

@@ -302,12 +302,12 @@ def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, se
 def test_programmatic_dependent_launch_is_opt_in():
     """TORCH_SPARSE_DECODE_PDL=1 builds and launches the kernel as a programmatic dependent; off,
     the catalog and the op take the plain build."""
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.kernels.compile import Target, MODELS
     from torch_sparse_decode.ops.moe_route import kernel
 
-    assert kernel.PDL == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
-    from torch_sparse_decode.kernels.compile import Target, MODELS
-
-    assert {config[-1] for config in kernel.catalog(Target("sm_90a", 132, MODELS))} == {kernel.PDL}
+    assert pdl.ON == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
+    assert {config[-1] for config in kernel.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled()}
 
 
 @pytest.mark.gpu
@@ -317,9 +317,9 @@ def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
     in a CUDA graph, fresh inputs each replay): the ids and weights of the reference on those
     logits, every time (a read before the GEMM finished would give another answer)."""
     from graphs import capture_graph
-    from torch_sparse_decode.ops.moe_route import kernel
+    from torch_sparse_decode.kernels import pdl
 
-    monkeypatch.setattr(kernel, "PDL", True)
+    monkeypatch.setattr(pdl, "ON", True)
     gen = torch.Generator().manual_seed(7)
     gate = (torch.randn(256, 2048, generator=gen) * 0.03).cuda()
     bias = (torch.randn(256, generator=gen) * 0.05).cuda()

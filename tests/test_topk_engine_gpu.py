@@ -462,16 +462,21 @@ def test_one_read_gate_is_t_with_its_ties_copied(k, dtype):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
-    """Launched as programmatic dependents (``compile.PDL``) of the kernels that write their inputs:
+@pytest.mark.parametrize("path", ["engine", "count_select", "short_row"])
+def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph, path):
+    """Launched as programmatic dependents (``kernels/pdl.py``) of the kernels that write their inputs:
     the scores from a GEMM and the lengths from ``decode_row_lengths`` just before, eagerly and in a
     CUDA graph with fresh inputs each replay. The ids are the oracle's on those inputs every time (a
     read before the kernel before finished would give another answer), at one CTA a row and at
-    clusters, for tokens and for blocks (the block-key pass between)."""
+    clusters, for tokens and for blocks (the block-key pass between); with an opt-in short path
+    switched on, the rows of <= 16K keys take it."""
     from graphs import capture_graph
-    from torch_sparse_decode.kernels.topk import launch
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.kernels.topk import count_select, short_row
 
-    monkeypatch.setattr(launch, "PDL", True)
+    monkeypatch.setattr(pdl, "ON", True)
+    monkeypatch.setattr(count_select, "COUNT_SELECT", path == "count_select")
+    monkeypatch.setattr(short_row, "SHORT_ROWS", path == "short_row")
     gen = torch.Generator().manual_seed(5)
     weight = (torch.randn(1 << 16, 64, generator=gen) * 0.1).cuda()
 

@@ -45,13 +45,6 @@ _PACKAGE = Path(__file__).resolve().parent.parent
 _MODULES: list[Any] = []  # loaded object files, kept alive with their functions
 
 
-# TORCH_SPARSE_DECODE_PDL=1: the kernels that follow another kernel in a step (moe_route, the top-k
-# engine) launch as its programmatic dependents: their launch and setup overlap its tail, and they
-# wait for it (griddepcontrol.wait) before their first read of anything. On the H200, 0.6-0.7 us a
-# moe_route call less after another kernel (docs/ops.md). Opt-in until the GPU fuzzer and
-# compute-sanitizer have run with it.
-PDL = os.environ.get("TORCH_SPARSE_DECODE_PDL", "0") == "1"
-
 
 def fake_tensor(dtype, shape: tuple, stride: tuple, align: int | None = None):
     """A compile-time stand-in for a tensor; ``cute.sym_int()`` entries stay dynamic."""

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import pdl
+
 COUNT_SELECT = os.environ.get("TORCH_SPARSE_DECODE_COUNT_SELECT", "0") == "1"
 COUNT_MAX = 16384  # the widest window the path takes
 MIN_BLOCK = 2048  # narrower batches are read as this many columns (masked): few builds to warm
@@ -47,7 +49,11 @@ KEY_MASKS = {dtype: (0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF for dt
 @triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride"],
             do_not_specialize_on_alignment=["out"])
 def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, WINDOWED: tl.constexpr,
-                  PINNED: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr):
+                  PINNED: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr,
+                  PDL: tl.constexpr = False):
+    if PDL:  # a programmatic dependent: the keys and lengths may come from the kernel before
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     end = tl.minimum(tl.maximum(tl.load(lengths + row), 0), cols)
     first = 0
@@ -113,17 +119,19 @@ def takes(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool) -> bool:
 
 
 def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
-                 out: torch.Tensor, block: int = 1, pinned: bool = False) -> None:
+                 out: torch.Tensor, block: int = 1, pinned: bool = False, pdl: bool = False) -> None:
     """Row r's best ``k`` ids of columns [starts[r], lengths[r]) (clamped to [0, cols]; without
     ``starts`` from 0), counted from the window's start, ascending, -1 padded. ``pinned``: ``src``
     holds block keys (unsigned order; the window's blocks of ``block`` columns from 0), the
-    newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns."""
+    newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns. ``pdl``:
+    launched as a programmatic dependent of the kernel before (``kernels/pdl.py``)."""
     rows, width = out.shape[0], block_for(src.shape[1])
     if rows:
         _count_select[(rows,)](
             src, src.stride(0), lengths, lengths if starts is None else starts, cols, block, k, out, out.stride(0),
             WINDOWED=starts is not None, PINNED=pinned, BLOCK=width, STEPS=STEPS[src.dtype],
-            KEY_MASK=KEY_MASKS[src.dtype], num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
+            KEY_MASK=KEY_MASKS[src.dtype], PDL=pdl, num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
+            launch_pdl=pdl,
         )
 
 
@@ -141,5 +149,5 @@ def warm(device: torch.device, pinned: bool) -> None:
             src = torch.zeros(1, width, dtype=dtype, device=device)
             for starts in (None, lengths):
                 count_select(src, lengths, starts, 8 * width if pinned else width, 2047 if pinned else 2048, out,
-                             8 if pinned else 1, pinned)
+                             8 if pinned else 1, pinned, pdl.enabled())
         width *= 2

@@ -11,7 +11,8 @@ import cutlass.cute as cute
 from cutlass import Boolean, Int32, Int64, Uint32
 
 from ...dtypes import DCP_SCORES
-from ..compile import PDL, cached_kernel, fake_stream, fake_tensor
+from .. import pdl
+from ..compile import cached_kernel, fake_stream, fake_tensor
 from ..cute import begin_marks, block_exclusive, stamp, zero_fill
 from .cluster import cluster_sync, load_rank
 from .digits import DigitSearch
@@ -60,7 +61,7 @@ class RadixTopk(Streaming, DigitSearch, OneRead, Output):
     def __init__(self, source, pinned: bool, ctas: int, ord16: bool = False, profile: bool = False,
                  fused: bool = False, pdl: bool = False):
         self.source, self.pinned, self.ctas, self.ord16, self.fused = source, pinned, ctas, ord16, fused
-        self.pdl = pdl  # a programmatic dependent of the kernel before (compile.PDL)
+        self.pdl = pdl  # a programmatic dependent of the kernel before (kernels/pdl.py)
         assert not (ord16 and fused), "a fused build decodes values from full-bit keys"
         self.profile = profile  # phase marks (benchmarks/profile_topk.py); compiled out otherwise
 
@@ -360,14 +361,14 @@ def catalog(target) -> list[tuple]:
     """Every configuration the ops can take (k and the sizes are runtime values): block keys with
     the pinned block, scores by their full bits and by their bf16 ord16 (the DCP pack), each
     source with and without the fused outputs, at every cluster size; launched as programmatic
-    dependents where ``PDL`` says so."""
-    configs = []
+    dependents where ``pdl.enabled()`` says so."""
+    configs, dependent = [], pdl.enabled()
     for ctas in CLUSTER_SIZES:
         for source in SOURCES:
             for fused in (False, True):
-                configs.append((source, source is torch.int32, ctas, False, False, fused, PDL))
+                configs.append((source, source is torch.int32, ctas, False, False, fused, dependent))
         for source in DCP_SCORES:
-            configs.append((source, False, ctas, True, False, False, PDL))
+            configs.append((source, False, ctas, True, False, False, dependent))
     return configs
 
 

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from ..compile import PDL
+from .. import pdl
 from . import count_select, short_row
 from .engine import compiled
 from .layout import MAX_CLUSTER, SPAN_PER_CTA
@@ -64,13 +64,14 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     want = int(raw is not None) | 2 * int(values is not None)
     fused = table is not None or want != 0
     if count_select.takes(src, pinned, ord16, fused):
-        count_select.count_select(src, lengths, starts, cols, k_sel, out, block, pinned)
+        count_select.count_select(src, lengths, starts, cols, k_sel, out, block, pinned, pdl.enabled())
         return
     if takes_short_row(src, cols, pinned, ord16, fused):
-        short_row.compiled(src.dtype)(src, lengths, starts if windowed else lengths, int(windowed), cols, k_sel, out)
+        short_row.compiled(src.dtype, pdl.enabled())(src, lengths, starts if windowed else lengths, int(windowed),
+                                                     cols, k_sel, out)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=PDL)(
+    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=pdl.enabled())(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
         _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
         _none(src) if values is None else values, want)

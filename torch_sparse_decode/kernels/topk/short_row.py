@@ -32,6 +32,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
 from ...dtypes import TOPK_SCORES, cute_type
+from .. import pdl
 from ..compile import cached_kernel, fake_stream, fake_tensor
 from ..cute import block_exclusive, scan_from_top, zero_fill
 from .keys import source_key
@@ -54,23 +55,28 @@ DIGIT, ABOVE = range(2)  # info words (scan_from_top's): the digit found, the ke
 
 
 class ShortRowTopk:
-    """The short-row select for one source dtype."""
+    """The short-row select for one source dtype; ``pdl``: launched as a programmatic dependent of
+    the kernel before (``kernels/pdl.py``)."""
 
-    def __init__(self, source: torch.dtype):
+    def __init__(self, source: torch.dtype, pdl: bool = False):
         self.source = cute_type(source)
         self.rounds = DIGIT_ROUNDS[source]
+        self.pdl = pdl
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
                  k: Int32, out: cute.Tensor, stream):
         self.kernel(src, lengths, starts, windowed, cols, k, out).launch(
-            grid=[out.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[out.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
                k: Int32, out: cute.Tensor):
         tid, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.pdl):  # the scores and lengths may come from the kernel before
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
         # The row's keys are read before its length is known (the two loads overlap): thread t
         # holds columns [t * run, t * run + run) of the batch's width, masked to the window after.
         run = (cols + THREADS - 1) // THREADS  # <= PER
@@ -189,17 +195,18 @@ class ShortRowTopk:
 
 
 def catalog(target) -> list[tuple]:
-    """One build per score dtype, while the path is opted into (``SHORT_ROWS``)."""
-    return [(source,) for source in TOPK_SCORES] if SHORT_ROWS else []
+    """One build per score dtype, while the path is opted into (``SHORT_ROWS``), as a programmatic
+    dependent where ``pdl.enabled()`` says so."""
+    return [(source, pdl.enabled()) for source in TOPK_SCORES] if SHORT_ROWS else []
 
 
 @cached_kernel("topk_short_row", catalog)
-def compiled(source: torch.dtype):
+def compiled(source: torch.dtype, pdl: bool = False):
     """The short-row select for one score dtype, from fake tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     src = fake_tensor(cute_type(source), (rows, width), (cute.sym_int64(), 1))
     lengths = fake_tensor(Int32, (rows,), (1,))
     starts = fake_tensor(Int32, (rows,), (1,))
     out = fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
-    return cute.compile(ShortRowTopk(source), src, lengths, starts, Int32(0), Int32(0), Int32(1), out, fake_stream(),
-                        options="--enable-tvm-ffi")
+    return cute.compile(ShortRowTopk(source, pdl), src, lengths, starts, Int32(0), Int32(0), Int32(1), out,
+                        fake_stream(), options="--enable-tvm-ffi")

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...kernels import pdl
 from . import config
 from .config import packed_row_slots, rescue_row_slots
 
@@ -118,7 +119,7 @@ def _store_packed(out, pos, word, take, slot, need, planes, plane_words, tag, N:
 def pack_kernel(ids, ids_stride, scores, scores_stride, packed, packed_stride, rescue, rescue_stride,
                state, peers, rank, push_offset, parity_packed, parity_rescue,
                K: tl.constexpr, N: tl.constexpr, R: tl.constexpr, SLOTS: tl.constexpr,
-               W: tl.constexpr, EXCHANGE: tl.constexpr, EARLY_MERGE: tl.constexpr = False):
+               W: tl.constexpr, EXCHANGE: tl.constexpr, EARLY_MERGE: tl.constexpr = False, PDL: tl.constexpr = False):
     """B' rows of one rank: ``rescue`` = all of its local top-K, ``packed`` = the best N of them.
 
     ``ids`` holds the local top-K ascending (-1 padded), so slots come out in ascending local id,
@@ -127,9 +128,14 @@ def pack_kernel(ids, ids_stride, scores, scores_stride, packed, packed_stride, r
     row is stored into every peer's buffer (same offset), every word as an 8-byte unit tagged
     with the step's tag (``step_tag``): no flag and no release fence (a system-scope fence waits for
     the remote stores' round trip); readers poll the tags. EARLY_MERGE: the step's merge
-    (launched as a programmatic dependent) may start now; it orders itself by the tags."""
+    (launched as a programmatic dependent) may start now; it orders itself by the tags. PDL: this
+    kernel is a programmatic dependent of the local select that writes ``ids``, and waits for it."""
     if EARLY_MERGE:
         tl.extra.cuda.gdc_launch_dependents()
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        if not EARLY_MERGE:
+            tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     tag = 0
     if EXCHANGE:
@@ -189,5 +195,6 @@ def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, res
         pack_kernel[(rows,)](
             ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
             ids, ids, 0, 0, 0, 0,
-            K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False, num_warps=8,
+            K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False,
+            PDL=pdl.enabled(), num_warps=8, launch_pdl=pdl.enabled(),
         )

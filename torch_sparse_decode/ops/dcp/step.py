@@ -7,6 +7,7 @@ import torch
 import triton
 
 from ...dtypes import DCP_SCORES
+from ...kernels import pdl
 from .config import LOCAL_INDEX_BITS, NO_WAIT, packed_row_words, rescue_row_slots, workspace_words
 from .launch import MERGE_KERNEL, MergeLaunch, launch_merge, uses_cute
 from .merge_triton import bitmap_words
@@ -125,7 +126,7 @@ def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
         ids, ids.stride(0), scores, scores.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.exchange_parity, ws.rescue_parity,
         K=ws.topk, N=ws.local_topk, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=ws.world_size,
-        EXCHANGE=True, EARLY_MERGE=uses_cute(ids), num_warps=8,
+        EXCHANGE=True, EARLY_MERGE=uses_cute(ids), PDL=pdl.enabled(), num_warps=8, launch_pdl=pdl.enabled(),
     )
 
 

@@ -30,6 +30,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
+from ...kernels import pdl
 from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import copy_async16, load_global16, load_shared16
 from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
@@ -77,11 +78,14 @@ def word_at(words: cute.Tensor, at: Int32):
 
 
 class GateFront(MoeRoute):
-    """The front at one static configuration: E, H, topk, renormalize, groups, CTAs."""
+    """The front at one static configuration: E, H, topk, renormalize, groups, CTAs, tokens a
+    chunk; ``pdl``: launched as a programmatic dependent of the kernel that writes ``hidden``. Its
+    weights are no kernel's output, so their copy to shared memory starts before the wait, under
+    that kernel's tail."""
 
     def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
-                 ctas: int, chunk: int, profile: bool = False):
-        super().__init__(experts, topk, renormalize, True, groups, topk_group)
+                 ctas: int, chunk: int, pdl: bool = False, profile: bool = False):
+        super().__init__(experts, topk, renormalize, True, groups, topk_group, pdl)
         self.profile = profile
         self.width, self.words, self.vecs = width, width // 2, width // 8  # bf16, 32-bit words, 16-byte vectors
         self.per = -(-self.vecs // THREADS)  # a thread's vectors of a row
@@ -100,7 +104,7 @@ class GateFront(MoeRoute):
                  weights: cute.Tensor, ids: cute.Tensor, logits: cute.Tensor, words: cute.Tensor,
                  state: cute.Tensor, timeout_ns: Int64, skip: Int32, stream):
         self.kernel(hidden, gate, bias, scale, weights, ids, logits, words, state, timeout_ns, skip).launch(
-            grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.jit
     def stage_weights(self, gate: cute.Tensor, staged: cute.Tensor, cta: Int32, tid: Int32):
@@ -142,7 +146,8 @@ class GateFront(MoeRoute):
         warp, lane = tid // 32, tid % 32
         tokens = hidden.shape[0]
         rows, chunk, per = self.rows, self.chunk, self.per
-        self.stage_weights(gate, staged, cta, tid)
+        if cutlass.const_expr(not self.pdl):  # a programmatic dependent has staged them before its wait
+            self.stage_weights(gate, staged, cta, tid)
         for first in range(0, tokens, chunk):
             xs = cute.make_rmem_tensor(chunk * per * 4, Uint32)  # (token, k, word)
             for k in cutlass.range_constexpr(per):
@@ -237,6 +242,14 @@ class GateFront(MoeRoute):
                 if cutlass.const_expr(self.groups > 1):
                     value[expert] = key
 
+    def shared(self):
+        """The shared memory allocator, the CTA's weight rows and the warps' partial sums (the
+        routing allocates after them)."""
+        smem = cutlass.memory.SmemAllocator()
+        staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
+        return smem, staged, partial
+
     @cute.kernel
     def kernel(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, scale: Float32,
                weights: cute.Tensor, ids: cute.Tensor, logits: cute.Tensor, words: cute.Tensor,
@@ -244,10 +257,14 @@ class GateFront(MoeRoute):
         tid, _, _ = cute.arch.thread_idx()
         cta, _, _ = cute.arch.block_idx()
         self.mark(state, "start", cta, tid)
+        if cutlass.const_expr(self.pdl):
+            smem, staged, partial = self.shared()
+            self.stage_weights(gate, staged, cta, tid)
+            cute.arch.griddepcontrol_wait()  # hidden, and the parity a front before may have advanced
+            cute.arch.griddepcontrol_launch_dependents()
         box = Mailbox(words, state, Int32(state[0] & Int64(1)), timeout_ns)
-        smem = cutlass.memory.SmemAllocator()
-        staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)  # the CTA's weights
-        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
+        if cutlass.const_expr(not self.pdl):
+            smem, staged, partial = self.shared()
         self.produce(hidden, gate, bias, logits, staged, partial, box, skip, cta, tid)
         self.mark(state, "published", cta, tid)
         if cta < hidden.shape[0]:
@@ -258,20 +275,22 @@ class GateFront(MoeRoute):
 
 def catalog(target: Target) -> list[tuple]:
     """The front of each model we serve whose weight rows fit a launch's shared memory, at every
-    chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs."""
-    configs = []
+    chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs; a programmatic dependent
+    where ``pdl.enabled()`` says so."""
+    configs, dependent = [], pdl.enabled()
     for model in target.models:
         ctas = ctas_for(model.experts, target.sms)
         groups, kept = model.grouping
         if fits(model.experts, model.hidden, ctas, CHUNK):  # as the op asks (moe_gate_route's uses_front)
             for chunk in sorted({chunk_for(tokens) for tokens in range(1, MAX_TOKENS + 1)}):
-                configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk))
+                configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk,
+                                dependent))
     return configs
 
 
 @cached_kernel("moe_gate_route", catalog)
 def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
-             chunk: int, profile: bool = False):
+             chunk: int, pdl: bool = False, profile: bool = False):
     """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
     ``gate`` are passed as int32 words (two bf16 each); a ``profile`` build's state has its phase
     stamps after the four words."""
@@ -284,7 +303,7 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
     logits = fake_tensor(Float32, (tokens, experts), (experts, 1))
     words = fake_tensor(Int64, (2 * MAX_TOKENS * experts,), (1,), 8)
     state = fake_tensor(Int64, (4 + (ctas * len(PHASES) if profile else 0),), (1,), 8)
-    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, profile)
+    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, profile)
     return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
                         Int32(-1), fake_stream(), options="--enable-tvm-ffi")
 

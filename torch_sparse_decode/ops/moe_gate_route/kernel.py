@@ -20,6 +20,7 @@ import contextlib
 
 import torch
 
+from ...kernels import pdl
 from ...kernels.compile import MODELS
 from ...kernels.topk import sm_count
 from ..moe_route import kernel as route
@@ -75,7 +76,7 @@ def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expe
     if uses_front(hidden, gate_weight):
         box = mailbox(hidden.device, experts)
         ctas = front.ctas_for(experts, sm_count(hidden.device))
-        front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens))(
+        front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens), pdl.enabled())(
             hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
             box.words, box.state, timeout_ns, skip)
         return

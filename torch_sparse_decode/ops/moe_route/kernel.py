@@ -41,7 +41,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
-from ...kernels.compile import PDL, Target, cached_kernel, fake_stream, fake_tensor
+from ...kernels import pdl
+from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
@@ -360,7 +361,7 @@ def catalog(target: Target) -> list[tuple]:
         for source in WARM_SCORES:
             for apply_sigmoid in (False, True):
                 configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
-                                torch.float32, torch.float32, PDL))
+                                torch.float32, torch.float32, pdl.enabled()))
     return configs
 
 
@@ -385,11 +386,11 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     if tiles.takes(scores, num_expert_group):  # many tokens (opt-in): the Triton tile kernel
         tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
-                          ids, PDL)
+                          ids, pdl.enabled())
         return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype, PDL)(scores, bias, scale, weights, ids)
+             weights.dtype, pdl.enabled())(scores, bias, scale, weights, ids)
 
 
 def warm_triton(device: torch.device) -> None:
@@ -410,4 +411,4 @@ def warm_triton(device: torch.device) -> None:
             ids = torch.empty(tiles.MIN_TOKENS, model.topk, dtype=torch.int32, device=device)
             for apply_sigmoid in (False, True):
                 tiles.route_tiles(scores, bias, model.topk, model.renormalize, 1.0, apply_sigmoid, groups, kept,
-                                  weights, ids, PDL)
+                                  weights, ids, pdl.enabled())

@@ -9,28 +9,28 @@ instead of the logits.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ...dtypes import WARM_SCORES
-from ...kernels import topk as engine
+from ...kernels import pdl, topk as engine
 from ...kernels.topk import count_select
-
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # read once, as Triton reads it
 
 
 @triton.jit
 def _block_keys(logits, stride, ends, starts, width, keys, keys_stride, keep_all, WINDOWED: tl.constexpr,
-                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False):
+                BLOCK: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr, EARLY: tl.constexpr = False,
+                PDL: tl.constexpr = False):
     """keys[row, b]: the engine's key of block b's max over its valid columns (NaN ignored), then 0
     (no key) up to the next multiple of 4 blocks, so the engine's 16-byte copies read only
     written words. Blocks count from the row's window start (``starts[row]`` where ``WINDOWED``,
     else 0: a constant, so Triton sees the row's 16-byte alignment and gives each thread 16 bytes
     of a block; a runtime start costs twice the instructions). EARLY: the engine (a programmatic
-    dependent, waiting for this grid) may launch now."""
+    dependent, waiting for this grid) may launch now. PDL: this pass is itself a programmatic
+    dependent of the kernel that writes the logits, and waits for it."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     if EARLY:
         tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
@@ -78,7 +78,7 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
             keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program,
-            EARLY=not _INTERPRETED, num_warps=8,
+            EARLY=not pdl.INTERPRETED, PDL=pdl.enabled(), num_warps=8, launch_pdl=pdl.enabled(),
         )
     return keys
 
