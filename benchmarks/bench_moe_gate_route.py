@@ -12,7 +12,9 @@ T = 1 .. 64; all-equal rows (zero hidden states: CUDA-graph padding) beside rand
 is one read of the router weights at the copy bandwidth measured in the same run. The "PDL"
 column launches each call as a programmatic dependent of the one before (``kernels/pdl.py``): the
 front copies its weights before it waits, so that read overlaps the previous call's tail, as it
-overlaps the kernel before the router in a model (``bench_pdl.py`` times that).
+overlaps the kernel before the router in a model (``bench_pdl.py`` times that). The "split GEMM"
+column times the op with the front off and the opt-in split router GEMM on
+(``TORCH_SPARSE_DECODE_ROUTER_SPLIT``, ``ops/moe_gate_route/split.py``) at every T it takes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 import torch_sparse_decode  # noqa: F401  (registers the ops)
 from torch_sparse_decode.kernels import pdl
-from torch_sparse_decode.ops.moe_gate_route import front as front_kernel, kernel as gate_kernel
+from torch_sparse_decode.ops.moe_gate_route import front as front_kernel, kernel as gate_kernel, split
 from harness import Table, copy_bandwidth_tbs, graph_us, parser, rotation
 
 WIDTH = 7168
@@ -60,9 +62,15 @@ def bench(table: Table, bandwidth: float, experts: int, topk: int, groups: int, 
     if tokens <= front_kernel.MAX_TOKENS:
         with gate_kernel.front_up_to(front_kernel.MAX_TOKENS):
             forced = ours(sets)
+    split_us = "-"
+    if tokens <= split.MAX_TOKENS:
+        split.SPLIT, switch = True, split.SPLIT
+        with gate_kernel.front_up_to(0):
+            split_us = ours(sets)
+        split.SPLIT = switch
     floor_us = experts * WIDTH * 2 / (bandwidth * 1e12) * 1e6
     ok = max(fused, fused_tied) <= bar
-    table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, fused, fused_tied, dependent, forced, base,
+    table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, fused, fused_tied, dependent, forced, split_us, base,
               f"{base / fused:.2f}x", floor_us, bar, "yes" if ok else "no")
 
 
@@ -71,7 +79,7 @@ def main() -> None:
     bandwidth = copy_bandwidth_tbs()
     table = Table("moe_gate_route: router GEMM + sigmoid + routing", [
         "E/topk", "groups/kept", "T", "ours (us)", "ours, zero hidden (us)", "ours, PDL (us)", "front kernel (us)",
-        "unfused (us)", "speedup", "one read of the weights (us)", "bar (us)", "meets bar"])
+        "split GEMM (us)", "unfused (us)", "speedup", "one read of the weights (us)", "bar (us)", "meets bar"])
     # (experts, topk, groups, kept, [(tokens, bar)])
     shapes = [(896, 16, 1, 1, [(1, 5.5), (4, 5.5), (8, 5.5), (16, 8.0), (32, 8.0), (64, 8.0)]),
               (256, 8, 8, 4, [(1, 3.5), (4, 3.5), (8, 3.5), (64, 5.0)])]

@@ -1,7 +1,8 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
 size class and logits dtype, the decode row lengths, and the DCP B' row writer (fp32 and bf16
 scores) and merge (plain and symmetric-memory exchange) at the decode shapes, and each kernel
-that takes the PDL switch (block keys, pack, count select, tile routing) plain and as a
+that takes the PDL switch (block keys, pack, count select, tile routing, the split router GEMM at
+the decode shapes) plain and as a
 programmatic dependent, which alone waits for the grid before. Run as a script
 (the test runs it in a subprocess without TRITON_INTERPRET, which would replace the kernels by
 interpreted ones). Prints one line per configuration.
@@ -59,11 +60,16 @@ ROUTE_TILES = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp3
                    EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr", SIGMOID="constexpr",
                    RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
 
+ROUTER_SPLIT = dict(hidden="*bf16", gate="*bf16", partials="*fp32", logits="*fp32", counters="*i32", tokens="i32",
+                    WIDTH="constexpr", EXPERTS="constexpr", SPLIT="constexpr", K_SPLIT="constexpr",
+                    BLOCK_T="constexpr", BLOCK_E="constexpr", BLOCK_K="constexpr", PDL="constexpr")
+
 
 def programmatic_dependents() -> int:
     """Each Triton kernel that takes ``kernels/pdl.py``'s switch: its PTX waits for the grid before
     (griddepcontrol.wait) with PDL, and only then."""
     from torch_sparse_decode.kernels.topk import count_select
+    from torch_sparse_decode.ops.moe_gate_route import split
     from torch_sparse_decode.ops.moe_route import tiles
 
     builds = [
@@ -75,6 +81,11 @@ def programmatic_dependents() -> int:
         (tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True,
                                                RENORMALIZE=True, BLOCK_T=8)),
     ]
+    for tokens, experts in ((1, 896), (64, 896), (1, 256), (64, 256)):
+        plan = split.plan(tokens, experts, 7168)
+        builds.append((split._router_split, ROUTER_SPLIT, dict(WIDTH=7168, EXPERTS=experts, SPLIT=plan.split,
+                                                               K_SPLIT=plan.k_split, BLOCK_T=plan.block_t,
+                                                               BLOCK_E=plan.block_e, BLOCK_K=split.BLOCK_K)))
     for fn, signature, constexprs in builds:
         for pdl in (False, True):
             waits = "griddepcontrol.wait" in build(fn, signature, dict(constexprs, PDL=pdl)).asm["ptx"]

@@ -462,10 +462,12 @@ def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.kernels.topk import count_select
+    from torch_sparse_decode.ops.moe_gate_route import split
     from torch_sparse_decode.ops.moe_route import tiles
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (count_select, "COUNT_SELECT", "count_select"), (tiles, "TILES", "route_tiles"))
+            (count_select, "COUNT_SELECT", "count_select"), (tiles, "TILES", "route_tiles"),
+            (split, "SPLIT", "router_split"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:

@@ -195,7 +195,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     # model shapes, routing checked against moe_route of the front's own logits (each case runs
     # twice: both mailbox parities). T = 17 (the GEMM path) not under racecheck: cuBLAS's
     # warp-specialized GEMM kernels report shared-memory hazards of their own.
-    from torch_sparse_decode.ops.moe_gate_route import front, kernel as gate_kernel
+    from torch_sparse_decode.ops.moe_gate_route import front, kernel as gate_kernel, split
 
     gate_kernel.FRONT_TOKENS = front.MAX_TOKENS
     gemm = () if os.environ.get("TSD_SANITIZE_TOOL") == "racecheck" else (17,)
@@ -213,6 +213,18 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                                      topk_group=kept)
                 expect(f"moe_gate_route {experts}/{topk} groups {groups}/{kept} T={tokens}", ids, want[1])
         tsd.moe_gate_route_check()
+        # The split router GEMM (whether or not it is switched on), at every padding of the batch,
+        # checked against the front's logits bound through the routing of its own logits.
+        for tokens in (1, 16, 17, 64):
+            hidden = torch.randn(tokens, width, generator=gen).bfloat16().cuda()
+            gate = (torch.randn(experts, width, generator=gen) * width ** -0.5).bfloat16().cuda()
+            arrivals = split.counters(hidden.device, experts)
+            logits = torch.full((tokens, experts), float("nan"), device="cuda")
+            for _ in range(2):  # the counters as the first launch left them
+                split.router_logits(hidden, gate, logits, arrivals)
+                exact = (hidden.double() @ gate.double().T).float()
+                expect(f"router split GEMM {experts} T={tokens}", ((logits - exact).abs() < 1e-3).all(),
+                       torch.tensor(True))
     if fuzz_cases and "fuzz" in sections:
         if small:
             fuzz.ELEMENTS = 1 << 20

@@ -92,13 +92,16 @@ def test_warmup_compiles_no_triton_kernel_the_folder_holds(tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_the_opt_in_triton_kernels_compile_for_the_gpu(arch, tmp_path):
-    """The tile routing and the count select (opt-in, so the fill leaves them out) build for the
-    GPU, not only for the interpreter, in each dtype they take and as programmatic dependents."""
+    """The tile routing, the count select and the split router GEMM (opt-in, so the fill leaves them
+    out) build for the GPU, not only for the interpreter, in each dtype they take, and as
+    programmatic dependents."""
     code = f"""
 import torch
 from pathlib import Path
 from torch_sparse_decode.kernels import triton_cache as tc
 from torch_sparse_decode.kernels.topk import count_select
+from torch_sparse_decode.kernels import pdl
+from torch_sparse_decode.ops.moe_gate_route import split
 from torch_sparse_decode.ops.moe_route import tiles
 built = []
 with tc.compile_only({arch!r}, Path({str(tmp_path)!r}), built):
@@ -110,6 +113,8 @@ with tc.compile_only({arch!r}, Path({str(tmp_path)!r}), built):
         n = torch.ones(2, dtype=torch.int32)
         count_select.count_select(torch.zeros(2, width, dtype=dtype), n, n, width, 2048,
                                   torch.empty(2, 2048, dtype=torch.int32))
+    pdl.ON = split.SPLIT = True  # as warmup() builds them
+    split.warm(torch.device("cpu"))
 print(len(built), *sorted({{kernel.name for kernel in built}}))
 """
-    assert _python(code).split() == ["5", "_count_select", "_route_tiles"]
+    assert _python(code).split() == ["20", "_count_select", "_route_tiles", "_router_split"]
