@@ -34,3 +34,11 @@ def test_compare_topk_shapes_parse():
     assert compare_topk.shape_of("tokens:8x128") == ("tokens", 8, 128 << 10, 1)
     with pytest.raises(ValueError, match="--shapes"):
         compare_topk.shape_of("block:8x128")
+
+
+def test_the_opt_in_check_script_parses_and_names_its_steps(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "opt_in_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    done = subprocess.run(["bash", script, "nonsense"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT": str(tmp_path)})
+    assert done.returncode == 2 and "warmup tests fuzz sanitize bench peer" in done.stderr
