@@ -46,16 +46,17 @@ def test_off_by_default():
 
 
 def test_which_batches_take_it(monkeypatch):
-    """Rows of at most COUNT_MAX scores or block keys, ids alone; everything else goes on as before."""
+    """Rows of at most COUNT_MAX scores or block keys, with or without the fused outputs; everything
+    else goes on as before."""
     taken = []
-    monkeypatch.setattr(count_select, "count_select", lambda src, *a: taken.append("count"))
+    monkeypatch.setattr(count_select, "count_select", lambda src, *a, **kw: taken.append("count"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     batch = routed(taken)
     monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     assert batch(COUNT_MAX) == "engine"
     monkeypatch.setattr(count_select, "COUNT_SELECT", True)
-    assert_takes_score_rows(batch, "count", COUNT_MAX)
+    assert_takes_score_rows(batch, "count", COUNT_MAX, fused=True)
     for blocks, path in ((COUNT_MAX, "count"), (COUNT_MAX + 1, "engine")):  # block keys, the newest block pinned
         launch.select(torch.zeros(2, blocks, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 8 * blocks, 8, 4,
                       torch.empty(2, 5, dtype=torch.int32), pinned=True)
@@ -157,3 +158,77 @@ def test_in_a_cuda_graph(switched_on):
     fresh = [(scores(kind, tuple(x.shape), seed=9).cuda(), lengths.roll(i).cuda())
              for i, kind in enumerate(["random", "all_equal", "nan_mixed", "few_distinct"])]
     assert replay_matches(graphed, fresh, lambda s, n: oracle.topk_tokens(s.cpu(), n.cpu(), 2048)) == 4
+
+
+def check_fused(x, lengths, k, device, page, raw, values, starts=None):
+    """The fused outputs (the KV slots through a page table where ``page`` > 0, the raw ids, the
+    values) of the path (the kernel itself on the CPU, ``indexer_topk_fused`` on the GPU) against
+    the op's reference; ``page`` 0: ``out`` holds the ids."""
+    from torch_sparse_decode.ops.indexer_topk_fused import reference
+
+    rows = x.shape[0]
+    entries = -(-x.shape[1] // max(page, 1))
+    gen = torch.Generator().manual_seed(k)
+    table = torch.randint(0, 1 << 20, (rows, entries), generator=gen, dtype=torch.int32) if page else None
+    want = [torch.empty(rows, k, dtype=torch.int32) for _ in range(2)] + [torch.empty(rows, k, dtype=x.dtype)]
+    reference.indexer_topk_fused(x, lengths, k, want[0], want[1], want[2], table, page, starts)
+    if device == "cpu":
+        got = [poisoned((rows, k), torch.int32, device) for _ in range(2)] + [poisoned((rows, k), x.dtype, device)]
+        count_select.count_select(x, lengths, starts, x.shape[1], k, got[0], table=table, page=page,
+                                  raw=got[1] if raw else None, values=got[2] if values else None)
+    else:
+        got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), k, page_table=None if table is None else table.cuda(),
+                                     page_size=page, ids=raw, values=values,
+                                     row_starts=None if starts is None else starts.cuda())
+    assert torch.equal(got[0].cpu(), want[0])
+    if raw:
+        assert torch.equal(got[1].cpu(), want[1])
+    if values:
+        bits = torch.int32 if x.dtype == torch.float32 else torch.int16
+        assert torch.equal(got[2].cpu().view(bits), want[2].view(bits))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed", "signed_zeros"])
+@pytest.mark.parametrize("page,raw,values", [(64, True, True), (1, False, True), (0, False, True), (16, True, False)])
+def test_fused_outputs(switched_on, device, dtype, kind, page, raw, values):
+    """Slots through the page table, raw ids and the values (the scores' own bits: NaN, -0.0), with
+    -1, -1 and -inf padding; rows of at most k keys read for their values."""
+    k = 300
+    lengths = edge_lengths(k, 4000)
+    check_fused(scores(kind, (lengths.numel(), 4000), seed=7).to(dtype), lengths, k, device, page, raw, values)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_outputs_in_windows(switched_on, device):
+    width = 6000
+    starts, ends = window_edges(64, width)
+    x = scores("few_distinct", (starts.numel(), width), seed=2)
+    check_fused(x, ends, 64, device, 32, True, True, starts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [1, 100])
+def test_fused_block_table(switched_on, device, k):
+    """select_candidate_blocks_fused's path: block ids through the block table (page 1), the pinned
+    newest block too, and the raw block ids."""
+    from torch_sparse_decode.ops.indexer_topk_fused.reference import selected_outputs
+
+    block, width = 8, 8 * 3000
+    lengths = edge_lengths(k * block, width)
+    x = scores("few_distinct", (lengths.numel(), width), seed=k)
+    table = torch.randperm(1 << 16, generator=torch.Generator().manual_seed(1))[:lengths.numel() * 3000]
+    table = table.view(lengths.numel(), 3000).int()
+    want = [torch.empty(lengths.numel(), k, dtype=torch.int32) for _ in range(2)]
+    selected_outputs(oracle.candidate_blocks(x, lengths, block, k), x, table, 1, want[0], want[1], None)
+    if device == "cpu":
+        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
+
+        got = [poisoned((lengths.numel(), k), torch.int32, device) for _ in range(2)]
+        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30)
+        count_select.count_select(keys, lengths, None, width, k - 1, got[0], block, pinned=True, table=table, page=1,
+                                  raw=got[1])
+    else:
+        got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])

@@ -31,11 +31,13 @@ def test_compiles_and_fits_sm90(dtype):
 
 
 def test_off_by_default_and_then_not_built(monkeypatch):
+    from torch_sparse_decode.kernels import pdl
+
     assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") == "1")
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert short_row.catalog(None) == []
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    assert short_row.catalog(None) == [(dtype,) for dtype in TOPK_SCORES]
+    assert short_row.catalog(None) == [(dtype, pdl.enabled()) for dtype in TOPK_SCORES]
 
 
 def routed(taken: list):
@@ -52,22 +54,24 @@ def routed(taken: list):
     return batch
 
 
-def assert_takes_score_rows(batch, path: str, widest: int) -> None:
+def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False) -> None:
     """An opt-in short path's batches: score rows of every dtype up to ``widest`` columns, windowed
-    or not; one column more, ord16 keys, raw ids or a page table stay on the engine."""
+    or not; one column more and ord16 keys stay on the engine, and so do raw ids or a page table
+    unless the path writes the ``fused`` outputs."""
     for dtype in TOPK_SCORES:
         assert batch(widest, dtype) == path and batch(1, dtype) == path
         assert batch(widest, dtype, starts=torch.zeros(2, dtype=torch.int32)) == path
     assert batch(widest + 1) == "engine"
     assert batch(100, ord16=True) == "engine"
-    assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
-    assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == "engine"
+    with_fused = path if fused else "engine"
+    assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == with_fused
+    assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == with_fused
 
 
 def test_which_batches_take_it(monkeypatch):
     """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
     taken = []
-    monkeypatch.setattr(short_row, "compiled", lambda dtype: lambda *args: taken.append("short"))
+    monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append("short"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     batch = routed(taken)

@@ -92,9 +92,9 @@ def test_warmup_compiles_no_triton_kernel_the_folder_holds(tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_the_opt_in_triton_kernels_compile_for_the_gpu(arch, tmp_path):
-    """The tile routing, the count select and the split router GEMM (opt-in, so the fill leaves them
-    out) build for the GPU, not only for the interpreter, in each dtype they take, and as
-    programmatic dependents."""
+    """The tile routing, the count select (its fused outputs too) and the split router GEMM (opt-in,
+    so the fill leaves them out) build for the GPU, not only for the interpreter, in each dtype they
+    take, and as programmatic dependents."""
     code = f"""
 import torch
 from pathlib import Path
@@ -113,8 +113,13 @@ with tc.compile_only({arch!r}, Path({str(tmp_path)!r}), built):
         n = torch.ones(2, dtype=torch.int32)
         count_select.count_select(torch.zeros(2, width, dtype=dtype), n, n, width, 2048,
                                   torch.empty(2, 2048, dtype=torch.int32))
+    out = torch.empty(2, 2048, dtype=torch.int32)  # the fused outputs: scores, then block keys
+    count_select.count_select(torch.zeros(2, 8192), n, None, 8192, 2048, out, table=out, page=64, raw=out.clone(),
+                              values=torch.empty(2, 2048))
+    count_select.count_select(torch.zeros(2, 8192, dtype=torch.int32), n, None, 65536, 2047, out, 8, True,
+                              table=out, page=1, raw=out.clone())
     pdl.ON = split.SPLIT = True  # as warmup() builds them
     split.warm(torch.device("cpu"))
 print(len(built), *sorted({{kernel.name for kernel in built}}))
 """
-    assert _python(code).split() == ["20", "_count_select", "_route_tiles", "_router_split"]
+    assert _python(code).split() == ["22", "_count_select", "_route_tiles", "_router_split"]

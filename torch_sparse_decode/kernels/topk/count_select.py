@@ -16,6 +16,10 @@ COUNT_MAX keys, one program per row, with no histogram and no atomics.
   of at most k keys keeps them all, unread (its keys all 0: all tied at t = 0), then -1.
 - Block keys (``select_candidate_blocks``): the block-key pass's keys, already in unsigned order
   (8 steps), the newest block pinned after the best k of the others, as the engine writes it.
+- Fused outputs (``indexer_topk_fused``, ``select_candidate_blocks_fused``; a FUSED build reads
+  them at run time, as the engine's ``Outputs``): each kept id goes to ``out`` through the page
+  or block table where ``page`` > 0, with bit 1 of ``want`` to ``raw`` too, with bit 2 its score
+  to ``values`` (then the row is read even where it keeps every key); padding -1, -1 and -inf.
 
 Opt-in (TORCH_SPARSE_DECODE_COUNT_SELECT=1) until it has run on the GPU: exact in the CPU
 interpreter, not yet timed. ``launch.select`` takes it for rows of at most COUNT_MAX scores
@@ -46,11 +50,33 @@ STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4, torch.int32: 8}
 KEY_MASKS = {dtype: (0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF for dtype, steps in STEPS.items()}
 
 
-@triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride"],
-            do_not_specialize_on_alignment=["out"])
-def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, WINDOWED: tl.constexpr,
-                  PINNED: tl.constexpr, BLOCK: tl.constexpr, STEPS: tl.constexpr, KEY_MASK: tl.constexpr,
-                  PDL: tl.constexpr = False):
+@triton.jit
+def _slots(table, table_stride, row, page, ids, mask):
+    """The KV slots of ``ids`` through the row's table (``page`` > 0: ``table[row, id // page] *
+    page + id % page``), else the ids."""
+    p = tl.maximum(page, 1)
+    paged = (ids * 0 + page) > 0  # a block, not a scalar: the interpreter takes no scalar in a mask
+    base = tl.load(table + row.to(tl.int64) * table_stride + ids // p, mask=mask & paged, other=0)
+    return tl.where(paged, base * p + ids % p, ids)
+
+
+@triton.jit
+def _store_fused(out, raw, values, table, table_stride, row, page, want, at, ids, score, mask,
+                 VALUES: tl.constexpr):
+    """The fused outputs of ids ``ids`` (with VALUES, of scores ``score``) at slots ``at`` of the row."""
+    wants = ids * 0 + want  # a block, not a scalar: the interpreter takes no scalar in a mask
+    tl.store(out + at, _slots(table, table_stride, row, page, ids, mask), mask=mask)
+    tl.store(raw + at, ids, mask=mask & ((wants & 1) != 0))
+    if VALUES:
+        tl.store(values + at, score, mask=mask & ((wants & 2) != 0))
+
+
+@triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride", "table_stride", "page", "want"],
+            do_not_specialize_on_alignment=["out", "raw", "values", "table"])
+def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, raw, values, table,
+                  table_stride, page, want, WINDOWED: tl.constexpr, PINNED: tl.constexpr, BLOCK: tl.constexpr,
+                  STEPS: tl.constexpr, KEY_MASK: tl.constexpr, PDL: tl.constexpr = False,
+                  FUSED: tl.constexpr = False):
     if PDL:  # a programmatic dependent: the keys and lengths may come from the kernel before
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -68,12 +94,17 @@ def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_str
         n = end - first
     col = tl.arange(0, BLOCK)
     valid = col < n
-    # A row of <= k keys keeps them all, unread (block keys: never written for such rows).
-    read = col < tl.where((n > k) & (k > 0), n, 0)
+    # A row of <= k keys keeps them all, unread (block keys: never written for such rows), unless
+    # its values are asked for.
+    limit = tl.where((n > k) & (k > 0), n, 0)
+    if FUSED and not PINNED:
+        limit = tl.where((want & 2) != 0, n, limit)
+    read = col < limit
     if PINNED:
         key = tl.load(row_src + col, mask=read, other=0).to(tl.uint32, bitcast=True)
     else:
-        x = tl.load(row_src + col, mask=read, other=0.0).to(tl.float32)
+        score = tl.load(row_src + col, mask=read, other=0.0)
+        x = score.to(tl.float32)
         x = tl.where(x != x, float("-inf"), x) + 0.0  # NaN as -inf; + 0.0: -0.0 as +0.0
         bits = x.to(tl.uint32, bitcast=True)
         key = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)  # unsigned order = score order
@@ -93,17 +124,34 @@ def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_str
     tie_rank = tl.cumsum(tie.to(tl.int32), axis=0) - tie.to(tl.int32)
     kept = valid & (above | (tie & (tie_rank < k - tl.sum(above.to(tl.int32), axis=0))))
     place = tl.cumsum(kept.to(tl.int32), axis=0) - kept.to(tl.int32)
-    row_out = out + row.to(tl.int64) * out_stride
-    tl.store(row_out + place, col, mask=kept)
+    row_at = row.to(tl.int64) * out_stride
+    row_out = out + row_at
     count = tl.minimum(n, k)
     width = k
+    if FUSED:
+        _store_fused(row_out, raw + row_at, values + row_at, table, table_stride, row, page, want, place, col,
+                     key if PINNED else score, kept, not PINNED)
+    else:
+        tl.store(row_out + place, col, mask=kept)
     if PINNED:  # the newest block after the ranked ones, where the row has a block
-        tl.store(row_out + count, valid_blocks - 1, mask=valid_blocks > 0)
+        newest = tl.full([1], 0, tl.int32) + valid_blocks - 1
+        if FUSED:
+            _store_fused(row_out, raw + row_at, values + row_at, table, table_stride, row, page, want,
+                         tl.full([1], 0, tl.int32) + count, newest, newest, newest >= 0, False)
+        else:
+            tl.store(row_out + count, valid_blocks - 1, mask=valid_blocks > 0)
         count += (valid_blocks > 0).to(tl.int32)
         width = k + 1
-    for at in range(0, width, BLOCK):  # -1 past the kept ids
+    for at in range(0, width, BLOCK):  # -1 past the kept ids (fused: -1, -1, -inf)
         slot = at + col
-        tl.store(row_out + slot, -1, mask=(slot >= count) & (slot < width))
+        pad = (slot >= count) & (slot < width)
+        tl.store(row_out + slot, -1, mask=pad)
+        if FUSED:
+            wants = slot * 0 + want
+            tl.store(raw + row_at + slot, -1, mask=pad & ((wants & 1) != 0))
+            if not PINNED:
+                tl.store(values + row_at + slot, tl.full([BLOCK], float("-inf"), values.dtype.element_ty),
+                         mask=pad & ((wants & 2) != 0))
 
 
 def block_for(cols: int) -> int:
@@ -111,34 +159,43 @@ def block_for(cols: int) -> int:
     return max(triton.next_power_of_2(cols), MIN_BLOCK)
 
 
-def takes(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool) -> bool:
+def takes(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
     """Whether a batch takes the count select (``COUNT_SELECT`` on): rows of at most COUNT_MAX
-    scores or block keys (int32, ``pinned``), ids alone. A shape test, the same in every replay."""
+    scores or block keys (int32, ``pinned``), ids alone or with the fused outputs. A shape test,
+    the same in every replay."""
     return (COUNT_SELECT and src.shape[1] <= COUNT_MAX and src.dtype in STEPS
-            and (src.dtype is torch.int32) == pinned and not (ord16 or fused))
+            and (src.dtype is torch.int32) == pinned and not ord16)
 
 
 def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
-                 out: torch.Tensor, block: int = 1, pinned: bool = False, pdl: bool = False) -> None:
+                 out: torch.Tensor, block: int = 1, pinned: bool = False, pdl: bool = False,
+                 table: torch.Tensor | None = None, page: int = 0, raw: torch.Tensor | None = None,
+                 values: torch.Tensor | None = None) -> None:
     """Row r's best ``k`` ids of columns [starts[r], lengths[r]) (clamped to [0, cols]; without
     ``starts`` from 0), counted from the window's start, ascending, -1 padded. ``pinned``: ``src``
     holds block keys (unsigned order; the window's blocks of ``block`` columns from 0), the
     newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns. ``pdl``:
-    launched as a programmatic dependent of the kernel before (``kernels/pdl.py``)."""
+    launched as a programmatic dependent of the kernel before (``kernels/pdl.py``). With
+    ``table`` and ``page`` > 0, ``out`` gets each id through the table; ``raw`` the ids; ``values``
+    (scores) the selected scores: each of ``out``'s shape and strides."""
     rows, width = out.shape[0], block_for(src.shape[1])
+    fused = table is not None or raw is not None or values is not None
+    want = int(raw is not None) | 2 * int(values is not None)
     if rows:
         _count_select[(rows,)](
             src, src.stride(0), lengths, lengths if starts is None else starts, cols, block, k, out, out.stride(0),
+            out if raw is None else raw, src if values is None else values, out if table is None else table,
+            0 if table is None else table.stride(0), page if table is not None else 0, want,
             WINDOWED=starts is not None, PINNED=pinned, BLOCK=width, STEPS=STEPS[src.dtype],
-            KEY_MASK=KEY_MASKS[src.dtype], PDL=pdl, num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
+            KEY_MASK=KEY_MASKS[src.dtype], PDL=pdl, FUSED=fused, num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
             launch_pdl=pdl,
         )
 
 
 def warm(device: torch.device, pinned: bool) -> None:
     """Compile (``kernels/triton_cache``) or load each build the count select takes, where it is
-    switched on: every width it reads, with and without windows, for scores of each dtype or
-    (``pinned``) block keys."""
+    switched on: every width it reads, with and without windows and the fused outputs, for
+    scores of each dtype or (``pinned``) block keys."""
     if not COUNT_SELECT:
         return
     lengths = torch.ones(1, dtype=torch.int32, device=device)
@@ -147,7 +204,9 @@ def warm(device: torch.device, pinned: bool) -> None:
     while width <= COUNT_MAX:
         for dtype in [d for d in STEPS if (d is torch.int32) == pinned]:
             src = torch.zeros(1, width, dtype=dtype, device=device)
+            values = None if pinned else torch.empty(1, 2048, dtype=dtype, device=device)
             for starts in (None, lengths):
-                count_select(src, lengths, starts, 8 * width if pinned else width, 2047 if pinned else 2048, out,
-                             8 if pinned else 1, pinned, pdl.enabled())
+                for fused in ({}, dict(table=lengths.view(1, 1), page=1, raw=out.clone(), values=values)):
+                    count_select(src, lengths, starts, 8 * width if pinned else width, 2047 if pinned else 2048,
+                                 out, 8 if pinned else 1, pinned, pdl.enabled(), **fused)
         width *= 2
