@@ -115,7 +115,8 @@ SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 
 
 def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     """indexer_topk on ``kind`` rows (randn at full length, randn at ragged lengths, four values)
-    through the engine, the short-row path and the count select, beside torch.topk."""
+    through the engine, the short-row path and the count select (8 keys a thread, and 16 on half
+    the warps), beside torch.topk."""
     from torch_sparse_decode.kernels.topk import count_select, short_row
 
     def make(seed: int):
@@ -132,17 +133,19 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     sets = rotation(make, rows * width * dtype.itemsize)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     topk = torch.ops.sparse_decode.indexer_topk
-    saved, times = (short_row.SHORT_ROWS, count_select.COUNT_SELECT), {}
+    saved, times = (short_row.SHORT_ROWS, count_select.COUNT_SELECT, count_select.KEYS_PER_THREAD), {}
     try:
-        for path in ("engine", "short", "count"):
-            short_row.SHORT_ROWS, count_select.COUNT_SELECT = path == "short", path == "count"
+        for path, keys in (("engine", 8), ("short", 8), ("count", 8), ("count16", 16)):
+            short_row.SHORT_ROWS, count_select.COUNT_SELECT = path == "short", path.startswith("count")
+            count_select.KEYS_PER_THREAD = keys
             times[path] = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
     finally:
-        short_row.SHORT_ROWS, count_select.COUNT_SELECT = saved
+        short_row.SHORT_ROWS, count_select.COUNT_SELECT, count_select.KEYS_PER_THREAD = saved
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
     bar = SHORT_BARS.get((rows, width))
-    best = min(times["short"], times["count"])
+    best = min(times["short"], times["count"], times["count16"])
     table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], times["short"], times["count"],
+              times["count16"],
               f"{times['engine'] / best:.2f}x", base, bar or "", "" if bar is None else "yes" if best <= bar else "no")
 
 
@@ -169,7 +172,8 @@ def main() -> None:
     if "short" in tables:
         short = Table(f"indexer_topk on decode's everyday rows: the engine, the short-row path and the count "
                       f"select, k={K}",
-                      ["shape", "rows", "engine (us)", "short path (us)", "count select (us)", "best speedup",
+                      ["shape", "rows", "engine (us)", "short path (us)", "count select (us)",
+                       "count select, 16 keys a thread (us)", "best speedup",
                        "torch.topk (us)", "bar (us)", "meets bar"])
         for rows in (1, 8) if args.quick else (1, 8, 64, 256):
             for width in (8 << 10, 16 << 10):
