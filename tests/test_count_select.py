@@ -46,8 +46,8 @@ def test_off_by_default():
 
 
 def test_which_batches_take_it(monkeypatch):
-    """Rows of at most COUNT_MAX scores or block keys, with or without the fused outputs; everything
-    else goes on as before."""
+    """Rows of at most COUNT_MAX scores or block keys, with or without the fused outputs, and the
+    DCP pack's ord16 keys; everything else goes on as before."""
     taken = []
     monkeypatch.setattr(count_select, "count_select", lambda src, *a, **kw: taken.append("count"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
@@ -56,7 +56,8 @@ def test_which_batches_take_it(monkeypatch):
     monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     assert batch(COUNT_MAX) == "engine"
     monkeypatch.setattr(count_select, "COUNT_SELECT", True)
-    assert_takes_score_rows(batch, "count", COUNT_MAX, fused=True)
+    assert_takes_score_rows(batch, "count", COUNT_MAX, fused=True, ord16=True)
+    assert batch(100, torch.float16, ord16=True) == "engine"  # ord16 keys of fp32 and bf16 scores only
     for blocks, path in ((COUNT_MAX, "count"), (COUNT_MAX + 1, "engine")):  # block keys, the newest block pinned
         launch.select(torch.zeros(2, blocks, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 8 * blocks, 8, 4,
                       torch.empty(2, 5, dtype=torch.int32), pinned=True)
@@ -232,3 +233,23 @@ def test_fused_block_table(switched_on, device, k):
     else:
         got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "signed_zeros", "inf_mixed"])
+@pytest.mark.parametrize("k,width", [(2048, 8192), (1024, COUNT_MAX), (64, 300)])
+def test_ord16_keys(switched_on, device, dtype, kind, k, width):
+    """The DCP pack's local select: scores ranked by their bf16 ord16 (fp32 rounded to nearest
+    even), ties to the lower id, ids ascending (the pack's reference); on the GPU through the
+    engine's entry, which the pack calls."""
+    from dcp_cases import ascending_local_topk
+
+    lengths = edge_lengths(k, width)
+    x = scores(kind, (lengths.numel(), width), seed=k).to(dtype)
+    out = poisoned((x.shape[0], k), torch.int32, device)
+    if device == "cpu":
+        count_select.count_select(x, lengths, None, width, k, out, ord16=True)
+    else:
+        launch.select_ord16(x.cuda(), lengths.cuda(), k, out)
+    assert torch.equal(out.cpu(), ascending_local_topk(x, lengths, k))

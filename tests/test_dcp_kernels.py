@@ -27,7 +27,7 @@ else:
 pytest.importorskip("triton", reason="triton not installed")
 from torch_sparse_decode.ops.dcp import kernel as kernels  # noqa: E402  (after the importorskip)
 from torch_sparse_decode.ops.dcp import step as dcp_step  # noqa: E402
-from torch_sparse_decode.ops.dcp.pack import _ord16 as _pack_ord16  # noqa: E402
+from torch_sparse_decode.kernels.triton_order import ord16 as _pack_ord16  # noqa: E402
 from torch_sparse_decode.dtypes import DCP_SCORES
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -54,15 +54,15 @@ def routed(taken: list):
     return batch
 
 
-def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False) -> None:
+def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False, ord16: bool = False) -> None:
     """An opt-in short path's batches: score rows of every dtype up to ``widest`` columns, windowed
-    or not; one column more and ord16 keys stay on the engine, and so do raw ids or a page table
-    unless the path writes the ``fused`` outputs."""
+    or not; one column more stays on the engine, and so do raw ids or a page table unless the
+    path writes the ``fused`` outputs, and ord16 keys unless it ranks by them (``ord16``)."""
     for dtype in TOPK_SCORES:
         assert batch(widest, dtype) == path and batch(1, dtype) == path
         assert batch(widest, dtype, starts=torch.zeros(2, dtype=torch.int32)) == path
     assert batch(widest + 1) == "engine"
-    assert batch(100, ord16=True) == "engine"
+    assert batch(100, ord16=True) == (path if ord16 else "engine")
     with_fused = path if fused else "engine"
     assert batch(100, raw=torch.empty(2, 4, dtype=torch.int32)) == with_fused
     assert batch(100, table=torch.zeros(2, 1, dtype=torch.int32), page=128) == with_fused

@@ -16,6 +16,8 @@ COUNT_MAX keys, one program per row, with no histogram and no atomics.
   of at most k keys keeps them all, unread (its keys all 0: all tied at t = 0), then -1.
 - Block keys (``select_candidate_blocks``): the block-key pass's keys, already in unsigned order
   (8 steps), the newest block pinned after the best k of the others, as the engine writes it.
+- The DCP pack's local select (``select_ord16``): fp32 and bf16 scores keyed by their bf16 ord16
+  (``kernels/triton_order.py``) in the top 16 bits, 4 steps, ties to the lower id.
 - Fused outputs (``indexer_topk_fused``, ``select_candidate_blocks_fused``; a FUSED build reads
   them at run time, as the engine's ``Outputs``): each kept id goes to ``out`` through the page
   or block table where ``page`` > 0, with bit 1 of ``want`` to ``raw`` too, with bit 2 its score
@@ -36,6 +38,7 @@ import triton
 import triton.language as tl
 
 from .. import pdl
+from ..triton_order import ord16 as bf16_ord16
 
 COUNT_SELECT = os.environ.get("TORCH_SPARSE_DECODE_COUNT_SELECT", "0") == "1"
 COUNT_MAX = 16384  # the widest window the path takes
@@ -44,10 +47,13 @@ KEYS_PER_THREAD = 8  # up to the widest window (16 there: 32 warps at most)
 STEP_BITS = 4
 _STEP_BITS = tl.constexpr(STEP_BITS)  # as the kernel reads them
 _DIGITS = tl.constexpr(1 << STEP_BITS)
-# Steps by source (see the module docstring): scores by dtype, block keys (int32) all 32 bits.
+# Steps by source (see the module docstring): scores by dtype, block keys (int32) all 32 bits;
+# scores keyed by their bf16 ord16 (the DCP pack's local select), 16 bits.
 STEPS = {torch.float32: 8, torch.float16: 5, torch.bfloat16: 4, torch.int32: 8}
-# The keys' bits the steps cover (the rest are cleared), by source.
-KEY_MASKS = {dtype: (0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF for dtype, steps in STEPS.items()}
+ORD16_STEPS = 4
+ORD16_SCORES = (torch.float32, torch.bfloat16)
+# The keys' bits the steps cover (the rest are cleared), by steps.
+KEY_MASKS = {steps: (0xFFFFFFFF << (32 - STEP_BITS * steps)) & 0xFFFFFFFF for steps in {*STEPS.values(), ORD16_STEPS}}
 
 
 @triton.jit
@@ -76,7 +82,7 @@ def _store_fused(out, raw, values, table, table_stride, row, page, want, at, ids
 def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, raw, values, table,
                   table_stride, page, want, WINDOWED: tl.constexpr, PINNED: tl.constexpr, BLOCK: tl.constexpr,
                   STEPS: tl.constexpr, KEY_MASK: tl.constexpr, PDL: tl.constexpr = False,
-                  FUSED: tl.constexpr = False):
+                  FUSED: tl.constexpr = False, ORD16: tl.constexpr = False):
     if PDL:  # a programmatic dependent: the keys and lengths may come from the kernel before
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -102,6 +108,9 @@ def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_str
     read = col < limit
     if PINNED:
         key = tl.load(row_src + col, mask=read, other=0).to(tl.uint32, bitcast=True)
+    elif ORD16:
+        score = tl.load(row_src + col, mask=read, other=0.0)
+        key = tl.where(read, bf16_ord16(score).to(tl.uint32) << 16, 0)
     else:
         score = tl.load(row_src + col, mask=read, other=0.0)
         x = score.to(tl.float32)
@@ -161,47 +170,56 @@ def block_for(cols: int) -> int:
 
 def takes(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
     """Whether a batch takes the count select (``COUNT_SELECT`` on): rows of at most COUNT_MAX
-    scores or block keys (int32, ``pinned``), ids alone or with the fused outputs. A shape test,
-    the same in every replay."""
+    scores, block keys (int32, ``pinned``) or scores keyed by their ord16 (fp32, bf16), ids alone
+    or with the fused outputs. A shape test, the same in every replay."""
     return (COUNT_SELECT and src.shape[1] <= COUNT_MAX and src.dtype in STEPS
-            and (src.dtype is torch.int32) == pinned and not ord16)
+            and (src.dtype is torch.int32) == pinned and (not ord16 or src.dtype in ORD16_SCORES))
 
 
 def count_select(src: torch.Tensor, lengths: torch.Tensor, starts: torch.Tensor | None, cols: int, k: int,
                  out: torch.Tensor, block: int = 1, pinned: bool = False, pdl: bool = False,
                  table: torch.Tensor | None = None, page: int = 0, raw: torch.Tensor | None = None,
-                 values: torch.Tensor | None = None) -> None:
+                 values: torch.Tensor | None = None, ord16: bool = False) -> None:
     """Row r's best ``k`` ids of columns [starts[r], lengths[r]) (clamped to [0, cols]; without
     ``starts`` from 0), counted from the window's start, ascending, -1 padded. ``pinned``: ``src``
     holds block keys (unsigned order; the window's blocks of ``block`` columns from 0), the
     newest block follows the best ``k`` of the others, and ``out`` has k + 1 columns. ``pdl``:
     launched as a programmatic dependent of the kernel before (``kernels/pdl.py``). With
     ``table`` and ``page`` > 0, ``out`` gets each id through the table; ``raw`` the ids; ``values``
-    (scores) the selected scores: each of ``out``'s shape and strides."""
+    (scores) the selected scores: each of ``out``'s shape and strides. ``ord16``: scores ranked by
+    their bf16 ord16 (the DCP pack's local select; ties to the lower id)."""
     rows, width = out.shape[0], block_for(src.shape[1])
     fused = table is not None or raw is not None or values is not None
     want = int(raw is not None) | 2 * int(values is not None)
+    steps = ORD16_STEPS if ord16 else STEPS[src.dtype]
     if rows:
         _count_select[(rows,)](
             src, src.stride(0), lengths, lengths if starts is None else starts, cols, block, k, out, out.stride(0),
             out if raw is None else raw, src if values is None else values, out if table is None else table,
             0 if table is None else table.stride(0), page if table is not None else 0, want,
-            WINDOWED=starts is not None, PINNED=pinned, BLOCK=width, STEPS=STEPS[src.dtype],
-            KEY_MASK=KEY_MASKS[src.dtype], PDL=pdl, FUSED=fused, num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
+            WINDOWED=starts is not None, PINNED=pinned, BLOCK=width, STEPS=steps, KEY_MASK=KEY_MASKS[steps], PDL=pdl,
+            FUSED=fused, ORD16=ord16, num_warps=min(width // (32 * KEYS_PER_THREAD), 32),
             launch_pdl=pdl,
         )
 
 
-def warm(device: torch.device, pinned: bool) -> None:
+def warm(device: torch.device, pinned: bool, ord16: bool = False) -> None:
     """Compile (``kernels/triton_cache``) or load each build the count select takes, where it is
     switched on: every width it reads, with and without windows and the fused outputs, for
-    scores of each dtype or (``pinned``) block keys."""
+    scores of each dtype or (``pinned``) block keys; ``ord16``: the DCP pack's local select's
+    (scores keyed by their ord16, no window, ids alone)."""
     if not COUNT_SELECT:
         return
     lengths = torch.ones(1, dtype=torch.int32, device=device)
     out = torch.empty(1, 2048, dtype=torch.int32, device=device)
     width = MIN_BLOCK
     while width <= COUNT_MAX:
+        if ord16:
+            for dtype in ORD16_SCORES:
+                count_select(torch.zeros(1, width, dtype=dtype, device=device), lengths, None, width, 2048, out,
+                             pdl=pdl.enabled(), ord16=True)
+            width *= 2
+            continue
         for dtype in [d for d in STEPS if (d is torch.int32) == pinned]:
             src = torch.zeros(1, width, dtype=dtype, device=device)
             values = None if pinned else torch.empty(1, 2048, dtype=dtype, device=device)

@@ -65,7 +65,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     fused = table is not None or want != 0
     if count_select.takes(src, pinned, ord16):
         count_select.count_select(src, lengths, starts, cols, k_sel, out, block, pinned, pdl.enabled(), table, page,
-                                  raw, values)
+                                  raw, values, ord16)
         return
     if takes_short_row(src, cols, pinned, ord16, fused):
         short_row.compiled(src.dtype, pdl.enabled())(src, lengths, starts if windowed else lengths, int(windowed),

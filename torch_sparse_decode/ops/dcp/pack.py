@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from ...kernels import pdl
+from ...kernels.triton_order import ord16 as bf16_ord16
 from . import config
 from .config import packed_row_slots, rescue_row_slots
 
@@ -26,22 +27,6 @@ from .config import packed_row_slots, rescue_row_slots
 TAG_SEQ_MASK = tl.constexpr(config.TAG_SEQ_MASK)
 TAG_ROWS_BITS = tl.constexpr(config.TAG_ROWS_BITS)
 TAG_ROWS_MASK = tl.constexpr(config.TAG_ROWS_MASK)
-
-
-@triton.jit
-def _ord16(x):
-    """The ord16 of scores rounded to bf16 (nearest even), NaN as -inf, -0.0 as +0.0.
-
-    Integer arithmetic on the bits only: the same result compiled and in the CPU interpreter."""
-    if x.dtype == tl.bfloat16:
-        b = x.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        b = tl.where((b & 0x7FFF) > 0x7F80, 0xFF80, b)  # NaN -> -inf
-    else:
-        bits = x.to(tl.int32, bitcast=True)
-        b = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF  # round to nearest even
-        b = tl.where((bits & 0x7FFFFFFF) > 0x7F800000, 0xFF80, b)  # NaN -> -inf
-    b = tl.where(b == 0x8000, 0, b)  # -0.0 -> +0.0
-    return tl.where(b >= 0x8000, 0xFFFF - b, b | 0x8000)
 
 
 @triton.jit
@@ -147,7 +132,7 @@ def pack_kernel(ids, ids_stride, scores, scores_stride, packed, packed_stride, r
     slot = tl.arange(0, SLOTS)
     local = tl.load(ids + row * ids_stride + slot, mask=slot < K, other=-1)
     live = local >= 0
-    ord16 = _ord16(tl.load(scores + row * scores_stride + local, mask=live, other=0.0))
+    ord16 = bf16_ord16(tl.load(scores + row * scores_stride + local, mask=live, other=0.0))
     word = tl.where(live, (ord16 << 16) | (0xFFFF - (local & 0xFFFF)), 0)
     low = local < (1 << 16)  # bit 16 clear (the plane bit)
     planes = tl.arange(0, SLOTS // 32)
