@@ -62,7 +62,7 @@ for step in "$@"; do
         run fuzz "TSD_FUZZ_OPT_IN=1 python tests/fuzz.py --seed 1 --cases ${FUZZ_CASES:-3000}" ;;
     sanitize)
         run sanitize "$ALL_ON python tests/sanitize.py --tools memcheck,racecheck --small --fuzz-cases 30 \
-            --sections short,moe,front,fuzz" ;;
+            --sections short,dcp,moe,front,fuzz" ;;
     bench)
         run bench "cd benchmarks && $ALL_ON python bench_topk.py --tables short --results '' \
             && python bench_pdl.py --results '' && python bench_moe_gate_route.py --results ''" ;;
