@@ -77,6 +77,56 @@ def _store_fused(out, raw, values, table, table_stride, row, page, want, at, ids
         tl.store(values + at, score, mask=mask & ((wants & 2) != 0))
 
 
+@triton.jit
+def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
+    return a0 + b0, a1 + b1, a2 + b2, a3 + b3
+
+
+if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter runs a combine function in Python, per element
+
+    @triton.jit
+    def _sum4(a, b, c, d):
+        return tl.sum(a, 0), tl.sum(b, 0), tl.sum(c, 0), tl.sum(d, 0)
+else:
+
+    @triton.jit
+    def _sum4(a, b, c, d):
+        return tl.reduce((a, b, c, d), 0, _add4)  # one reduction: its barriers shared by the four
+
+
+FIELDS = tl.constexpr(0x0001000100010001)  # 1 in each 16-bit field of an int64
+FIELD_LOWS = tl.constexpr(0x0001000100010001)
+LOW_THREE = tl.constexpr(0x0000000100010001)
+
+
+@triton.jit
+def _next_digit(key, t, shift: tl.constexpr, k):
+    """The largest digit d (0 .. 15) such that at least k keys are >= t + (d << shift), given that
+    the keys below t are never counted (0 when fewer than k keys are >= t + (1 << shift)).
+
+    One reduction over the row: each key >= t falls in bin min((key - t) >> shift, 15), the keys
+    below t in bin 0 (never read); bin b is 16-bit field (15 - b) % 4 of int64 (15 - b) // 4, so
+    the four sums hold the bins from the top down (a bin holds at most COUNT_MAX < 2**15 keys).
+    Shifted adds turn each int64 into running counts from bin 15 down, a field per bin; adding
+    0x8000 - k to every field sets its bit 15 where the count is >= k (no field carries). The
+    counts fall as d grows, so d is the number of such fields among bins 1 .. 15. (A sum per
+    digit, then a max over the digits, cost twice the barriers: 10 a step.)"""
+    d = tl.where(key >= t, tl.minimum((key - t) >> shift, 15), 0).to(tl.int32)
+    slot = 15 - d
+    one = tl.full(d.shape, 1, tl.int64) << ((slot & 3) * 16).to(tl.int64)
+    quad = slot >> 2
+    s0, s1, s2, s3 = _sum4(tl.where(quad == 0, one, 0), tl.where(quad == 1, one, 0), tl.where(quad == 2, one, 0),
+                           tl.where(quad == 3, one, 0))
+    c0 = s0 + (s0 << 16) + (s0 << 32) + (s0 << 48)  # bins 15, 15..14, 15..13, 15..12
+    c1 = s1 + (s1 << 16) + (s1 << 32) + (s1 << 48) + (c0 >> 48) * FIELDS
+    c2 = s2 + (s2 << 16) + (s2 << 32) + (s2 << 48) + (c1 >> 48) * FIELDS
+    c3 = s3 + (s3 << 16) + (s3 << 32) + (s3 << 48) + (c2 >> 48) * FIELDS  # its top field: bin 0
+    bias = (0x8000 - k).to(tl.int64) * FIELDS
+    ge = (((c0 + bias) >> 15) & FIELD_LOWS) + (((c1 + bias) >> 15) & FIELD_LOWS) + \
+        (((c2 + bias) >> 15) & FIELD_LOWS) + (((c3 + bias) >> 15) & LOW_THREE)
+    return ((ge + (ge << 16) + (ge << 32) + (ge << 48)) >> 48).to(tl.int32)
+
+
 @triton.jit(do_not_specialize=["src_stride", "cols", "block", "k", "out_stride", "table_stride", "page", "want"],
             do_not_specialize_on_alignment=["out", "raw", "values", "table"])
 def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_stride, raw, values, table,
@@ -119,14 +169,10 @@ def _count_select(src, src_stride, lengths, starts, cols, block, k, out, out_str
         key = tl.where((bits >> 31) != 0, ~bits, bits | 0x80000000)  # unsigned order = score order
         key = tl.where(read, key & KEY_MASK, 0)
 
-    digit = tl.arange(0, _DIGITS).to(tl.uint32)
     t = tl.zeros([1], tl.uint32)
     for step in tl.static_range(STEPS):
         shift = 32 - _STEP_BITS * (step + 1)
-        bound = t + (digit << shift)  # t with each next digit
-        at_or_above = tl.sum((key[None, :] >= bound[:, None]).to(tl.int32), axis=1)
-        best = tl.max(tl.where(at_or_above >= k, digit, 0), axis=0)  # digit 0 holds (or n < k: t = 0)
-        t = t + (best << shift)
+        t = t + (_next_digit(key, t, shift, k).to(tl.uint32) << shift)
 
     above = key > t
     tie = valid & (key == t)
