@@ -90,17 +90,50 @@ def test_a_counter_not_reset_would_show(device):
 @pytest.mark.parametrize("shape", SHAPES, ids=["kimi_k3", "deepseek_v3"])
 @pytest.mark.parametrize("tokens", [1, 4, 5, 8, 16, 33, 64])
 def test_the_op_routes_the_split_gemms_logits(monkeypatch, shape, tokens):
-    """With the switch on, decode batches past the front take the split GEMM, and the routing is
-    ``moe_route``'s of its logits, bit for bit (the front keeps T <= 4)."""
+    """With the switch on and the front off (it keeps T <= 4 otherwise), decode batches take the
+    split GEMM, and the routing is ``moe_route``'s of its logits, bit for bit."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     import torch_sparse_decode as tsd
+    from torch_sparse_decode.ops.moe_gate_route import kernel
 
     monkeypatch.setattr(split, "SPLIT", True)
+    monkeypatch.setattr(kernel, "FRONT_TOKENS", 0)
     experts, width, topk, groups, kept, scale = shape
     hidden, gate, bias = inputs(tokens, experts, width, 200 + tokens, "cuda")
-    assert split.takes(hidden, gate)
+    assert split.takes(hidden, gate) and not kernel.uses_front(hidden, gate)
     out = (poisoned((tokens, topk), torch.float32, "cuda"), poisoned((tokens, topk), torch.int32, "cuda"),
            poisoned((tokens, experts), torch.float32, "cuda"))
     tsd.moe_gate_route(hidden, gate, bias, topk, scale=scale, num_expert_group=groups, topk_group=kept, out=out)
     assert_routed(hidden, gate, bias, topk, groups, kept, scale, True, *out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dependent", [False, True], ids=["plain", "pdl"])
+def test_graph_replays_with_fresh_inputs(monkeypatch, dependent):
+    """Captured in a CUDA graph (the counters made by the call before the capture), two layers
+    back to back each replay, with fresh hidden states: every replay routes its own logits, so
+    the counters came back to zero each time; plain and as programmatic dependents."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    import torch_sparse_decode as tsd
+    from graphs import capture_graph
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.ops.moe_gate_route import kernel
+
+    monkeypatch.setattr(split, "SPLIT", True)
+    monkeypatch.setattr(kernel, "FRONT_TOKENS", 0)
+    monkeypatch.setattr(pdl, "ON", dependent)
+    experts, width, topk, groups, kept, scale = SHAPES[1]
+    _, gate, bias = inputs(1, experts, width, 3, "cuda")
+
+    def step(x):
+        first = tsd.moe_gate_route(x, gate, bias, topk, scale=scale, num_expert_group=groups, topk_group=kept)
+        return first, tsd.moe_gate_route(x * 2, gate, bias, topk, scale=scale, num_expert_group=groups,
+                                         topk_group=kept)
+
+    sets = [inputs(24, experts, width, seed, "cuda")[0] for seed in range(30, 34)]
+    run = capture_graph(step, sets[0])
+    for x in sets * 2:
+        for hidden, outs in zip((x, x * 2), run(x)):
+            assert_routed(hidden, gate, bias, topk, groups, kept, scale, True, *outs)
