@@ -82,7 +82,7 @@ def _add4(a0, a1, a2, a3, b0, b1, b2, b3):
     return a0 + b0, a1 + b1, a2 + b2, a3 + b3
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter runs a combine function in Python, per element
+if pdl.INTERPRETED:  # the interpreter runs a combine function in Python, per element
 
     @triton.jit
     def _sum4(a, b, c, d):
@@ -94,8 +94,7 @@ else:
         return tl.reduce((a, b, c, d), 0, _add4)  # one reduction: its barriers shared by the four
 
 
-FIELDS = tl.constexpr(0x0001000100010001)  # 1 in each 16-bit field of an int64
-FIELD_LOWS = tl.constexpr(0x0001000100010001)
+FIELDS = tl.constexpr(0x0001000100010001)  # 1 in each 16-bit field of an int64 (its low bit)
 LOW_THREE = tl.constexpr(0x0000000100010001)
 
 
@@ -122,8 +121,8 @@ def _next_digit(key, t, shift: tl.constexpr, k):
     c2 = s2 + (s2 << 16) + (s2 << 32) + (s2 << 48) + (c1 >> 48) * FIELDS
     c3 = s3 + (s3 << 16) + (s3 << 32) + (s3 << 48) + (c2 >> 48) * FIELDS  # its top field: bin 0
     bias = (0x8000 - k).to(tl.int64) * FIELDS
-    ge = (((c0 + bias) >> 15) & FIELD_LOWS) + (((c1 + bias) >> 15) & FIELD_LOWS) + \
-        (((c2 + bias) >> 15) & FIELD_LOWS) + (((c3 + bias) >> 15) & LOW_THREE)
+    ge = (((c0 + bias) >> 15) & FIELDS) + (((c1 + bias) >> 15) & FIELDS) + \
+        (((c2 + bias) >> 15) & FIELDS) + (((c3 + bias) >> 15) & LOW_THREE)
     return ((ge + (ge << 16) + (ge << 32) + (ge << 48)) >> 48).to(tl.int32)
 
 

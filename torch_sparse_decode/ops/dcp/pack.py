@@ -177,9 +177,10 @@ def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, res
     n = packed_row_slots(packed.shape[1])
     slots = rescue_row_slots(topk)
     if rows:
+        dependent = pdl.enabled()
         pack_kernel[(rows,)](
             ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
             ids, ids, 0, 0, 0, 0,
             K=topk, N=n, R=slots, SLOTS=max(triton.next_power_of_2(slots), 32), W=1, EXCHANGE=False,
-            PDL=pdl.enabled(), num_warps=8, launch_pdl=pdl.enabled(),
+            PDL=dependent, num_warps=8, launch_pdl=dependent,
         )

@@ -43,7 +43,7 @@ WARPS = 4
 STAGES = 5
 
 
-if os.environ.get("TRITON_INTERPRET") == "1":  # the CPU interpreter's dot reads bf16 as raw bits
+if pdl.INTERPRETED:  # the CPU interpreter's dot reads bf16 as raw bits
 
     @triton.jit
     def _dot(x, w, acc):

@@ -73,12 +73,13 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
+        dependent = pdl.enabled()
         # EARLY off only in the CPU interpreter (no PDL there); not `logits.is_cuda`, so that the
         # launch build_kernels compiles from CPU tensors is the one a GPU makes.
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
             logits, logits.stride(0), lengths, lengths if starts is None else starts, width, keys, keys.stride(0),
             keep_all, WINDOWED=starts is not None, BLOCK=block_size, BLOCK_P2=block_p2, BLOCKS=per_program,
-            EARLY=not pdl.INTERPRETED, PDL=pdl.enabled(), num_warps=8, launch_pdl=pdl.enabled(),
+            EARLY=not pdl.INTERPRETED, PDL=dependent, num_warps=8, launch_pdl=dependent,
         )
     return keys
 
