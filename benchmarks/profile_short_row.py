@@ -24,7 +24,7 @@ K = 2048
 
 class NoCount(short_row.ShortRowTopk):
     @cute.jit
-    def count(self, keys, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
+    def count(self, keys, run, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
         pass
 
 
@@ -32,12 +32,12 @@ class NoScan(short_row.ShortRowTopk):
     """The digit is always the middle bin (the scan's sums are still read: ``bin_count``)."""
 
     @cute.jit
-    def threshold(self, keys, k, hist, parts, info, tid):
+    def threshold(self, keys, run, k, hist, parts, info, tid):
         need = k
         t = cutlass.Uint32(0)
         for p in cutlass.range_constexpr(self.rounds):
             shift = 32 - short_row.RADIX * (p + 1)
-            self.count(keys, t, p, shift, hist, tid)
+            self.count(keys, run, t, p, shift, hist, tid)
             cute.arch.sync_threads()
             self.sum_copies(hist, parts, tid)
             cute.arch.sync_threads()

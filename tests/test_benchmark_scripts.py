@@ -42,3 +42,26 @@ def test_the_opt_in_check_script_parses_and_names_its_steps(tmp_path):
     done = subprocess.run(["bash", script, "nonsense"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "OUT": str(tmp_path)})
     assert done.returncode == 2 and "warmup tests fuzz sanitize bench peer" in done.stderr
+
+
+def test_profile_short_row_cut_builds_compile():
+    """The cut builds subclass the kernel's phases, so a phase whose signature changes breaks them
+    only when they compile (from fake tensors: no GPU needed)."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import profile_short_row
+    finally:
+        sys.path.remove(BENCHMARKS)
+    import torch
+
+    for cut in profile_short_row.CUTS.values():
+        profile_short_row.build(cut, torch.float32)
+
+
+def test_sass_count_runs_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "sass_count.py", "--quick", "--results", ""], cwd=BENCHMARKS,
+                          capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith(("| short_row", "| count_select"))]
+    assert len(rows) == 2 and all(float(row.split("|")[-2]) > 0 for row in rows), done.stdout

@@ -1,18 +1,20 @@
 """The short-row select (CuTe DSL): the top-k of a row whose window holds at most SHORT_MAX keys,
 in one CTA, with no cluster, ring or copy.
 
-- One CTA of THREADS threads per row. The batch's columns are split into THREADS contiguous runs
-  of ceil(columns / THREADS) <= PER, one per thread, read once into registers while the row's
-  length is read (then masked to the window): thread order is id order.
+- One CTA of THREADS threads per row. The batch's columns are split into WARPS contiguous runs
+  of 32 * ceil(columns / THREADS) <= 32 * PER, one per warp, its lanes side by side (coalesced
+  loads), read once into registers while the row's length is read (then masked to the window):
+  id order is warp, then key, then lane.
 - The k-th largest key t is found one 8-bit digit at a time, top first (four digits for fp32
   keys; bf16 and fp16 keys widen to fp32 with their low 16 / 8 bits fixed by the sign, so two
   and three digits, and the rest follows from t's sign). Each digit is read off a 256-bin
   histogram of the keys that match the digits found so far. The histogram is kept once per
   lane (a warp's lanes never add to one address), so rows of one or few values cost no more
   than random ones; the CTA sums the copies and one warp scans the bins from the top.
-- Output: each thread counts its keys > t and == t; one CTA-wide scan of both counts places
-  every kept id: a key > t at (keys > t before it) + min(ties before it, ties taken), a tie iff
-  fewer than ``take`` ties precede it. Ids come out ascending, ties to the lowest ids, with no
+- Output: each warp counts its keys > t and == t by ballots; one barrier gives each warp the
+  counts of the warps below, and each key's ballots its place among its warp's: a key > t at
+  (keys > t before it) + min(ties before it, ties taken), a tie iff fewer than ``take`` ties
+  precede it. Ids come out ascending, ties to the lowest ids, with no
   sort; nothing is written outside ``out``.
 - A row of at most k keys keeps them all (every valid id, then -1), as the engine does.
 
@@ -34,7 +36,8 @@ from cutlass import Int32, Uint32
 from ...dtypes import TOPK_SCORES, cute_type
 from .. import pdl
 from ..compile import cached_kernel, fake_stream, fake_tensor
-from ..cute import block_exclusive, scan_from_top, zero_fill
+from ..cute import popc, scan_from_top, zero_fill
+from .cluster import ballot_of
 from .keys import source_key
 
 # Opt-in until the path is faster than the engine: TORCH_SPARSE_DECODE_SHORT_ROWS=1.
@@ -77,16 +80,19 @@ class ShortRowTopk:
         if cutlass.const_expr(self.pdl):  # the scores and lengths may come from the kernel before
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
-        # The row's keys are read before its length is known (the two loads overlap): thread t
-        # holds columns [t * run, t * run + run) of the batch's width, masked to the window after.
+        # The row's keys are read before its length is known (the two loads overlap). Warp w holds
+        # columns [w * 32 * run, (w + 1) * 32 * run) of the batch's width, its lanes side by side:
+        # key i of lane l is column w * 32 * run + 32 * i + l, so each load is one coalesced line
+        # (a run a thread cost 8 lines a warp load at 8K columns: ~2.3 us of L1 wavefronts a row).
+        lane, warp = tid % 32, tid // 32
         run = (cols + THREADS - 1) // THREADS  # <= PER
-        lo = tid * run
+        lo = warp * 32 * run + lane
         keys = cute.make_rmem_tensor(PER, Uint32)
         for i in cutlass.range_constexpr(PER):
             keys[i] = Uint32(0)
         if cols > 0:
             for i in cutlass.range_constexpr(PER):  # every load in flight before the first use
-                x = src[row, min(lo + i, cols - 1)]
+                x = src[row, min(lo + 32 * i, cols - 1)]
                 keys[i] = cutlass.select_(run > i, source_key(x, self.source, False), Uint32(0))
         end = max(min(lengths[row], cols), Int32(0))
         first = cutlass.select_(windowed != 0, min(max(starts[row], Int32(0)), end), Int32(0))
@@ -102,22 +108,22 @@ class ShortRowTopk:
         else:
             zero_fill(hist, 32 * COPY, tid, THREADS)
             for i in cutlass.range_constexpr(PER):
-                inside = (lo + i >= first) & (lo + i < end)
+                inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
                 keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
             cute.arch.sync_threads()
 
-            t, take = self.threshold(keys, k, hist, parts, info, tid)
-            self.write_kept(keys, t, take, lo - first, row, out, warp_sums, tid)
+            t, take = self.threshold(keys, run, k, hist, parts, info, tid)
+            self.write_kept(keys, run, t, take, lo - first, row, out, warp_sums, tid)
 
     @cute.jit
-    def threshold(self, keys: cute.Tensor, k: Int32, hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor,
-                  tid: Int32):
+    def threshold(self, keys: cute.Tensor, run: Int32, k: Int32, hist: cute.Tensor, parts: cute.Tensor,
+                  info: cute.Tensor, tid: Int32):
         """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
         need = k
         t = Uint32(0)
         for p in cutlass.range_constexpr(self.rounds):
             shift = 32 - RADIX * (p + 1)
-            self.count(keys, t, p, shift, hist, tid)
+            self.count(keys, run, t, p, shift, hist, tid)
             cute.arch.sync_threads()
             self.sum_copies(hist, parts, tid)
             cute.arch.sync_threads()
@@ -133,21 +139,22 @@ class ShortRowTopk:
         return t, need
 
     @cute.jit
-    def count(self, keys: cute.Tensor, t: Uint32, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int],
-              hist: cute.Tensor, tid: Int32):
+    def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],
+              shift: cutlass.Constexpr[int], hist: cute.Tensor, tid: Int32):
         """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
         one atomic a key. (Adding a run of equal digits at once cost more in branches than it saved
         in atomics, and one histogram per warp with match.any more still: H200, 1 x 8K, 14.7 and
-        16.5 us against 12.1.)"""
+        16.5 us against 12.1.) Keys past the run are skipped by a branch the whole CTA takes alike."""
         copy = (tid % 32) * COPY
         for i in cutlass.range_constexpr(PER):
-            key = keys[i]
-            live = key != Uint32(0)
-            if cutlass.const_expr(p > 0):
-                live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
-            if live:
-                cute.arch.atomic_add(hist.iterator + (copy + Int32((key >> Uint32(shift)) & Uint32(BINS - 1))),
-                                     Int32(1))
+            if run > i:
+                key = keys[i]
+                live = key != Uint32(0)
+                if cutlass.const_expr(p > 0):
+                    live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
+                if live:
+                    cute.arch.atomic_add(hist.iterator + (copy + Int32((key >> Uint32(shift)) & Uint32(BINS - 1))),
+                                         Int32(1))
 
     @cute.jit
     def sum_copies(self, hist: cute.Tensor, parts: cute.Tensor, tid: Int32):
@@ -171,27 +178,37 @@ class ShortRowTopk:
         return total
 
     @cute.jit
-    def write_kept(self, keys: cute.Tensor, t: Uint32, take: Int32, lo: Int32, row: Int32, out: cute.Tensor,
-                   warp_sums: cute.Tensor, tid: Int32):
-        """The kept ids at their places: keys > t and the first ``take`` keys == t, in id order."""
-        kept = Int32(0)
-        tied = Int32(0)
+    def write_kept(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
+                   out: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
+        """The kept ids at their places: keys > t and the first ``take`` keys == t, in id order.
+        Id order is warp, then key, then lane: a warp's ballots of each key place its lanes, and
+        one barrier gives each warp the counts of the warps below it."""
+        lane, warp = tid % 32, tid // 32
+        below = Uint32(cute.arch.lanemask_lt())
+        counts = Int32(0)  # keys > t (low 16 bits) and == t (high): the CTA's sums are < 2**16
         for i in cutlass.range_constexpr(PER):
-            kept = kept + cutlass.select_(keys[i] > t, Int32(1), Int32(0))
-            tied = tied + cutlass.select_(keys[i] == t, Int32(1), Int32(0))
-        # Both counts in one scan: each is at most SHORT_MAX < 2**16.
-        before, _ = block_exclusive(kept | (tied << 16), warp_sums, tid, WARPS)
+            if run > i:
+                counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
+        if lane == 0:
+            warp_sums[warp] = counts
+        cute.arch.sync_threads()
+        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % WARPS], Int32(0)), "add")
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
         width = out.shape[1]
         for i in cutlass.range_constexpr(PER):
-            above = keys[i] > t
-            at_t = keys[i] == t
-            slot = kept_before + min(tied_before, take)
-            if (above | (at_t & (tied_before < take))) & (slot < width):  # exact counts never fail the last
-                out[row, slot] = lo + i
-            kept_before = kept_before + cutlass.select_(above, Int32(1), Int32(0))
-            tied_before = tied_before + cutlass.select_(at_t, Int32(1), Int32(0))
+            if run > i:
+                above = keys[i] > t
+                at_t = keys[i] == t
+                above_votes = ballot_of(above)
+                tie_votes = ballot_of(at_t)
+                mine_kept = kept_before + popc(above_votes & below)
+                mine_tied = tied_before + popc(tie_votes & below)
+                slot = mine_kept + min(mine_tied, take)
+                if (above | (at_t & (mine_tied < take))) & (slot < width):  # exact counts never fail the last
+                    out[row, slot] = lo + 32 * i
+                kept_before = kept_before + popc(above_votes)
+                tied_before = tied_before + popc(tie_votes)
 
 
 def catalog(target) -> list[tuple]:

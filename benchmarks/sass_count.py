@@ -1,0 +1,114 @@
+"""The static SASS of the one-CTA short-row kernels, on a machine without a GPU: registers, spills,
+instructions, and the floor those instructions set.
+
+    python benchmarks/sass_count.py [--results FILE]
+
+A row's select in one CTA of 1024 threads is bound by instruction issue: an SM's 4 schedulers
+issue one warp instruction a cycle each, so a CTA of W warps that runs N instructions a thread
+takes at least N * W / 4 cycles. Each kernel is compiled for sm_90a from fake tensors (CuTe DSL)
+or by Triton's compiler, assembled by the ptxas that ships with Triton and disassembled. The
+counts are static: a loop counts once and a branch not taken counts too, so the floor is a
+guide for comparing designs, not a time (the table beside it in ``docs/topk_engine.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # before the DSL is imported: it reads them once
+os.environ.setdefault("CUTE_DSL_KEEP", "ptx")
+os.environ.pop("TRITON_INTERPRET", None)  # the interpreter compiles nothing
+
+import triton  # noqa: E402
+from harness import Table, parser  # noqa: E402
+
+CLOCK_GHZ = 1.755  # the H200's boost clock
+SCHEDULERS = 4
+TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+WATCHED = ("LDG", "ATOMS", "BAR", "SHFL", "VOTE", "POPC", "REDUX")
+
+
+def assemble(ptx: str, folder: str) -> tuple[bytes, int, int]:
+    """(cubin, registers, spilled bytes) of ``ptx``; CUDA 13's PTX ISA 9.x is relabelled for Triton's
+    ptxas (these kernels use nothing newer than 8.8)."""
+    source = os.path.join(folder, "kernel.ptx")
+    with open(source, "w") as f:
+        f.write(re.sub(r"^\.version 9\.\d+", ".version 8.8", ptx, flags=re.M))
+    cubin = os.path.join(folder, "kernel.cubin")
+    log = subprocess.run([os.path.join(TOOLS, "ptxas"), "-arch=sm_90a", "-v", source, "-o", cubin],
+                         capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", log).group(1))
+    spilled = sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
+    with open(cubin, "rb") as f:
+        return f.read(), registers, spilled
+
+
+def opcodes(cubin: bytes, folder: str) -> list[str]:
+    """The opcode of each instruction (predicates dropped)."""
+    path = os.path.join(folder, "kernel.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    sass = subprocess.run([os.path.join(TOOLS, "cuobjdump"), "-sass", path], capture_output=True, text=True,
+                          check=True).stdout
+    return re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass, flags=re.M)
+
+
+def short_row_ptx(dtype: torch.dtype) -> str:
+    from torch_sparse_decode.kernels.compile import KERNELS, _dsl
+    from torch_sparse_decode.kernels.topk import short_row  # noqa: F401 (registers the kernel)
+
+    with tempfile.TemporaryDirectory() as dump:
+        _dsl().envar.dump_dir = dump
+        KERNELS["topk_short_row"].build(dtype, False)
+        (ptx,) = [os.path.join(dump, f) for f in os.listdir(dump) if f.endswith(".ptx")]
+        with open(ptx) as f:
+            return f.read()
+
+
+def count_select_ptx(width: int) -> tuple[str, int]:
+    """(PTX, warps) of the count select's fp32 build over ``width`` columns, ids alone."""
+    from triton.backends.compiler import GPUTarget
+
+    from torch_sparse_decode.kernels.topk import count_select
+
+    signature = dict(src="*fp32", src_stride="i64", lengths="*i32", starts="*i32", cols="i32", block="i32",
+                     k="i32", out="*i32", out_stride="i64", raw="*i32", values="*fp32", table="*i32",
+                     table_stride="i64", page="i32", want="i32", WINDOWED="constexpr", PINNED="constexpr",
+                     BLOCK="constexpr", STEPS="constexpr", KEY_MASK="constexpr", PDL="constexpr", FUSED="constexpr",
+                     ORD16="constexpr")
+    constexprs = dict(WINDOWED=False, PINNED=False, BLOCK=width, STEPS=8, KEY_MASK=0xFFFFFFFF, PDL=False,
+                      FUSED=False, ORD16=False)
+    warps = min(width // (32 * count_select.KEYS_PER_THREAD), 32)
+    source = triton.compiler.ASTSource(fn=count_select._count_select, signature=signature, constexprs=constexprs,
+                                       attrs={(0,): [["tt.divisibility", 16]]})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    return compiled.asm["ptx"], warps
+
+
+def main() -> None:
+    args = parser(__doc__).parse_args()
+    table = Table("static SASS of the one-CTA short-row kernels (sm_90a)",
+                  ["kernel", "warps", "registers", "spilled bytes", "instructions", *WATCHED,
+                   "issue floor (us)"],
+                  timing=f"floor: instructions x warps / {SCHEDULERS} schedulers at {CLOCK_GHZ} GHz")
+    with tempfile.TemporaryDirectory() as folder:
+        builds = [(f"short_row {str(dtype).split('.')[1]}", short_row_ptx(dtype), 32)
+                  for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))]
+        builds += [(f"count_select fp32, {width >> 10}K", *count_select_ptx(width))
+                   for width in ((8192,) if args.quick else (8192, 16384))]
+        for name, ptx, warps in builds:
+            cubin, registers, spilled = assemble(ptx, folder)
+            ops = opcodes(cubin, folder)
+            watched = [sum(op == w or op.startswith(w + "_") for op in ops) for w in WATCHED]
+            floor = len(ops) * warps / SCHEDULERS / (CLOCK_GHZ * 1e3)
+            table.add(name, warps, registers, spilled, len(ops), *watched, floor)
+    table.emit(args.results)
+
+
+if __name__ == "__main__":
+    main()
