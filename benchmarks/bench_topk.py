@@ -6,17 +6,40 @@ one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the 
 
 ``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
 ``short``: decode's everyday rows (8K and 16K columns) through the engine, the one-CTA short-row
-path and the count select, switched in the same process, on random, ragged and tie-heavy rows.
+path and the count select, switched in the same process, on random, ragged and tie-heavy rows,
+beside what a one-CTA kernel that reads each row and writes k ids (no select) takes.
 """
 
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
 import torch_sparse_decode  # noqa: F401  (registers the ops)
 from harness import Table, floor_bandwidth_tbs, graph_us, parser, rotation
 
 K = 2048
+
+
+@triton.jit
+def read_floor(src, src_stride, lengths, out, out_stride, k, BLOCK: tl.constexpr, K_P2: tl.constexpr):
+    """The least a one-CTA select of a row does (not a select): read the row's window, one CTA-wide
+    reduction, and k ids written that depend on it."""
+    row = tl.program_id(0)
+    n = tl.load(lengths + row)
+    col = tl.arange(0, BLOCK)
+    x = tl.load(src + row.to(tl.int64) * src_stride + col, mask=col < n, other=0.0)
+    above = tl.sum((x > 0).to(tl.int32), axis=0)
+    ids = tl.arange(0, K_P2)
+    tl.store(out + row.to(tl.int64) * out_stride + ids, tl.where(ids < above, ids, -1), mask=ids < k)
+
+
+def launch_read_floor(src: torch.Tensor, lengths: torch.Tensor, out: torch.Tensor) -> None:
+    """``read_floor`` over every row, one CTA of 1024 threads a row (as the short paths)."""
+    read_floor[(out.shape[0],)](src, src.stride(0), lengths, out, out.stride(0), out.shape[1],
+                                BLOCK=triton.next_power_of_2(src.shape[1]), K_P2=triton.next_power_of_2(out.shape[1]),
+                                num_warps=32)
 
 
 def make_rows(rows: int, width: int, dtype=torch.float32):
@@ -142,11 +165,12 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     finally:
         short_row.SHORT_ROWS, count_select.COUNT_SELECT, count_select.KEYS_PER_THREAD = saved
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
+    floor = graph_us(lambda i: launch_read_floor(*sets[i % len(sets)], out))
     bar = SHORT_BARS.get((rows, width))
     best = min(times["short"], times["count"], times["count16"])
     table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], times["short"], times["count"],
               times["count16"],
-              f"{times['engine'] / best:.2f}x", base, bar or "", "" if bar is None else "yes" if best <= bar else "no")
+              f"{times['engine'] / best:.2f}x", floor, base, bar or "", "" if bar is None else "yes" if best <= bar else "no")
 
 
 def main() -> None:
@@ -174,7 +198,7 @@ def main() -> None:
                       f"select, k={K}",
                       ["shape", "rows", "engine (us)", "short path (us)", "count select (us)",
                        "count select, 16 keys a thread (us)", "best speedup",
-                       "torch.topk (us)", "bar (us)", "meets bar"])
+                       "read + k ids, no select (us)", "torch.topk (us)", "bar (us)", "meets bar"])
         for rows in (1, 8) if args.quick else (1, 8, 64, 256):
             for width in (8 << 10, 16 << 10):
                 for kind in ("randn", "ragged", "ties"):
