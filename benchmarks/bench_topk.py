@@ -169,8 +169,8 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     bar = SHORT_BARS.get((rows, width))
     best = min(times["short"], times["count"], times["count16"])
     table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], times["short"], times["count"],
-              times["count16"],
-              f"{times['engine'] / best:.2f}x", floor, base, bar or "", "" if bar is None else "yes" if best <= bar else "no")
+              times["count16"], f"{times['engine'] / best:.2f}x", floor, base, bar or "",
+              "" if bar is None else "yes" if best <= bar else "no")
 
 
 def main() -> None:
