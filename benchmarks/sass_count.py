@@ -1,14 +1,16 @@
-"""The static SASS of the one-CTA short-row kernels, on a machine without a GPU: registers, spills,
-instructions, and the floor those instructions set.
+"""The static SASS of the one-CTA short-row kernels and of the tile router, on a machine without a
+GPU: registers, spills, instructions, and the floor those instructions set.
 
     python benchmarks/sass_count.py [--results FILE]
 
 A row's select in one CTA of 1024 threads is bound by instruction issue: an SM's 4 schedulers
 issue one warp instruction a cycle each, so a CTA of W warps that runs N instructions a thread
-takes at least N * W / 4 cycles. Each kernel is compiled for sm_90a from fake tensors (CuTe DSL)
+takes at least N * W / 4 cycles (C such CTAs over the GPU's S SMs: N * W * C / (4 S)). Each kernel is compiled for sm_90a from fake tensors (CuTe DSL)
 or by Triton's compiler, assembled by the ptxas that ships with Triton and disassembled. The
-counts are static: a loop counts once and a branch not taken counts too, so the floor is a
-guide for comparing designs, not a time (the table beside it in ``docs/topk_engine.md``).
+counts are static: a loop counts once, and a branch not taken or a phase that one warp runs
+counts for every warp, so the floor is a guide for comparing designs, not a time. Triton's
+kernels without loops run every instruction in every warp: their floor is a real lower bound
+(``docs/topk_engine.md``, ``docs/ops.md``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from harness import Table, parser  # noqa: E402
 
 CLOCK_GHZ = 1.755  # the H200's boost clock
 SCHEDULERS = 4
+SMS = 132
+ROUTE_TOKENS = 4096  # the tile router's row of the table: DeepSeek-V3's routing at prefill size
 TOOLS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 WATCHED = ("LDG", "ATOMS", "BAR", "SHFL", "VOTE", "POPC", "REDUX")
 
@@ -90,23 +94,45 @@ def count_select_ptx(width: int) -> tuple[str, int]:
     return compiled.asm["ptx"], warps
 
 
+def route_tiles_ptx() -> tuple[str, int, int]:
+    """(PTX, warps, programs) of the tile router at DeepSeek-V3's routing (256 experts, 8 groups, 4
+    kept, top 8, sigmoid, renormalized) over ROUTE_TOKENS tokens."""
+    from triton.backends.compiler import GPUTarget
+
+    from torch_sparse_decode.ops.moe_route import tiles
+
+    signature = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp32", weights="*fp32",
+                     weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
+                     EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr",
+                     SIGMOID="constexpr", RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
+    block_t = tiles.TILE // 256
+    constexprs = dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True, RENORMALIZE=True,
+                      BLOCK_T=block_t, PDL=False)
+    source = triton.compiler.ASTSource(fn=tiles._route_tiles, signature=signature, constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": tiles.WARPS})
+    return compiled.asm["ptx"], tiles.WARPS, ROUTE_TOKENS // block_t
+
+
 def main() -> None:
     args = parser(__doc__).parse_args()
-    table = Table("static SASS of the one-CTA short-row kernels (sm_90a)",
-                  ["kernel", "warps", "registers", "spilled bytes", "instructions", *WATCHED,
+    table = Table("static SASS of the one-CTA short-row kernels and the tile router (sm_90a)",
+                  ["kernel", "warps", "CTAs", "registers", "spilled bytes", "instructions", *WATCHED,
                    "issue floor (us)"],
-                  timing=f"floor: instructions x warps / {SCHEDULERS} schedulers at {CLOCK_GHZ} GHz")
+                  timing=f"floor: instructions x warps x CTAs / ({SCHEDULERS} schedulers x min(CTAs, {SMS}) SMs) "
+                         f"at {CLOCK_GHZ} GHz")
     with tempfile.TemporaryDirectory() as folder:
-        builds = [(f"short_row {str(dtype).split('.')[1]}", short_row_ptx(dtype), 32)
+        builds = [(f"short_row {str(dtype).split('.')[1]}, a row", short_row_ptx(dtype), 32, 1)
                   for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))]
-        builds += [(f"count_select fp32, {width >> 10}K", *count_select_ptx(width))
+        builds += [(f"count_select fp32, {width >> 10}K, a row", *count_select_ptx(width), 1)
                    for width in ((8192,) if args.quick else (8192, 16384))]
-        for name, ptx, warps in builds:
+        if not args.quick:
+            builds.append((f"route_tiles DeepSeek-V3, T = {ROUTE_TOKENS}", *route_tiles_ptx()))
+        for name, ptx, warps, ctas in builds:
             cubin, registers, spilled = assemble(ptx, folder)
             ops = opcodes(cubin, folder)
             watched = [sum(op == w or op.startswith(w + "_") for op in ops) for w in WATCHED]
-            floor = len(ops) * warps / SCHEDULERS / (CLOCK_GHZ * 1e3)
-            table.add(name, warps, registers, spilled, len(ops), *watched, floor)
+            floor = len(ops) * warps * ctas / (SCHEDULERS * min(ctas, SMS)) / (CLOCK_GHZ * 1e3)
+            table.add(name, warps, ctas, registers, spilled, len(ops), *watched, floor)
     table.emit(args.results)
 
 
