@@ -7,10 +7,11 @@ A row's select in one CTA of 1024 threads is bound by instruction issue: an SM's
 issue one warp instruction a cycle each, so a CTA of W warps that runs N instructions a thread
 takes at least N * W / 4 cycles (C such CTAs over the GPU's S SMs: N * W * C / (4 S)). Each
 kernel is compiled for sm_90a from fake tensors (CuTe DSL) or by Triton's compiler, assembled
-by the ptxas that ships with Triton and disassembled. The counts are static: a loop counts once, and a branch not taken or a phase that one warp runs
-counts for every warp, so the floor is a guide for comparing designs, not a time. Triton's
-kernels without loops run every instruction in every warp: their floor is a real lower bound
-(``docs/topk_engine.md``, ``docs/ops.md``).
+by the ptxas that ships with Triton and disassembled. The counts are static: a loop counts
+once, and a branch not taken or a phase that one warp runs counts for every warp, so the floor
+is a guide for comparing designs, not a time. Triton's kernels without loops run every
+instruction in every warp: their floor is a real lower bound (``docs/topk_engine.md``,
+``docs/ops.md``).
 """
 
 from __future__ import annotations
