@@ -114,15 +114,17 @@ def test_no_tokens(device):
 def test_which_routings_take_it(monkeypatch):
     x = torch.empty(tiles.MIN_TOKENS, 384)
     monkeypatch.setattr(tiles, "TILES", False)
-    assert not tiles.takes(x, 1)
+    assert not tiles.takes(x, 1, 8)
     monkeypatch.setattr(tiles, "TILES", True)
-    assert tiles.takes(x, 1) and not tiles.takes(x[:-1], 1) and tiles.fits(160, 1) and not tiles.fits(160, 5)
-    assert tiles.takes(torch.empty(tiles.MIN_TOKENS, 256), 8)
-    assert not tiles.takes(x, 4) and not tiles.takes(torch.empty(tiles.MIN_TOKENS, 256), 16 + 8)
+    assert tiles.takes(x, 1, 8) and not tiles.takes(x[:-1], 1, 8) and tiles.fits(160, 1) and not tiles.fits(160, 5)
+    assert tiles.takes(torch.empty(tiles.MIN_TOKENS, 256), 8, 8)
+    assert not tiles.takes(x, 4, 8) and not tiles.takes(torch.empty(tiles.MIN_TOKENS, 256), 16 + 8, 8)
+    # More rounds or experts than the warp's floor beats (module docstring): the CuTe kernel.
+    assert not tiles.takes(x, 1, 9) and not tiles.takes(torch.empty(tiles.MIN_TOKENS, 896), 1, 8)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1), (896, 16, 1, 1)])
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1), (512, 8, 1, 1)])
 def test_the_op_takes_it_at_many_tokens(monkeypatch, experts, topk, groups, kept):
     """Through ``tsd.moe_route`` on CUDA (the switch on): the same ids and weights as the CuTe
     kernel, token for token, at a prefill-sized batch with padding rows."""
@@ -132,6 +134,6 @@ def test_the_op_takes_it_at_many_tokens(monkeypatch, experts, topk, groups, kept
     kw = dict(num_expert_group=groups, topk_group=kept, scale=2.5)
     cute = tsd.moe_route(s, b, topk, **kw)
     monkeypatch.setattr(tiles, "TILES", True)
-    assert tiles.takes(s, groups)
+    assert tiles.takes(s, groups, topk)
     tiled = tsd.moe_route(s, b, topk, **kw)
     assert torch.equal(tiled[1], cute[1]) and torch.equal(tiled[0], cute[0])

@@ -384,7 +384,7 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
     """The CUDA kernel of ``sparse_decode::moe_route`` (arguments already checked)."""
     if scores.shape[0] == 0:
         return
-    if tiles.takes(scores, num_expert_group):  # many tokens (opt-in): the Triton tile kernel
+    if tiles.takes(scores, num_expert_group, topk):  # many tokens (opt-in): the Triton tile kernel
         tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
                           ids, pdl.enabled())
         return
@@ -404,7 +404,7 @@ def warm_triton(device: torch.device) -> None:
         groups, kept = model.grouping
         for source in WARM_SCORES:
             scores = torch.zeros(tiles.MIN_TOKENS, model.experts, dtype=source, device=device)
-            if not tiles.takes(scores, groups):
+            if not tiles.takes(scores, groups, model.topk):
                 continue
             bias = torch.zeros(model.experts, device=device)
             weights = torch.empty(tiles.MIN_TOKENS, model.topk, device=device)

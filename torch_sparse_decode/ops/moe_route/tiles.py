@@ -1,11 +1,17 @@
 """``moe_route`` for many tokens (prefill-sized batches): a Triton kernel routing a tile of tokens
-per program, every step a reduction over the tile's rows at once.
+per program, one warp a program, every step a reduction over the tile's rows at once.
 
 Why: the CuTe kernel (``kernel.py``) spends one CTA of 256 threads and a chain of block syncs on
 each token, which is the fastest at decode sizes, but at T = 4096 its 4096 CTAs run in waves of
 about a thousand and the chains add up (DeepSeek-V3: 17 us beside FlashInfer's 12.6). Here a
-program holds ``BLOCK_T`` tokens' scores in registers and takes each step over all of them: the
-keys, the group scores and the kept groups, then ``topk`` rounds of a row max.
+warp holds ``BLOCK_T`` tokens' scores in registers (TILE scores, 16 a lane) and takes each step
+over all of them: the keys, the group scores and the kept groups, then ``topk`` rounds of a row
+max, every reduction within the warp (no barrier). Its static SASS (``benchmarks/sass_count.py``)
+sets an issue floor at T = 4096 of 6.7 us for DeepSeek-V3, 5.6 ungrouped 256 / 8 and 9.1 for
+Kimi-K2's 384 / 8 (the same kernel on 8 warps of 8 tokens: 21.1 us, Triton laying the group
+step's warps across experts: 103 barriers). Routings of more than 8 experts a token or 512
+experts stay on the CuTe kernel: their ``topk`` rounds over 1024 padded experts set floors of
+24-57 us against its 16-21 measured.
 
 The same order as the reference, bit for bit:
 
@@ -36,8 +42,10 @@ import triton.language as tl
 # sanitizer) and its token threshold is measured.
 TILES = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_TILES", "0") == "1"
 MIN_TOKENS = 512  # fewer tokens stay on the CuTe kernel (a guess until measured)
-TILE = 2048  # scores a program holds: BLOCK_T = TILE / (experts padded to a power of two)
-WARPS = 8  # 8 scores a thread: no spills at any routing (255 registers and spills at 4096 on 4 warps)
+TILE = 512  # scores a program holds: BLOCK_T = TILE / (experts padded to a power of two)
+WARPS = 1  # 16 scores a lane: 70-91 registers, no spills (sm_90a); more warps add barriers
+MAX_EXPERTS = 512  # routings past these stay on the CuTe kernel (above)
+MAX_TOPK = 8
 SUM_LANES = tl.constexpr(32)  # reference.warp_sum's width: the selected weights padded with zeros
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every live key
 
@@ -171,10 +179,11 @@ def fits(experts: int, num_expert_group: int) -> bool:
     return num_expert_group == 1 or (pow2(experts) == experts and pow2(num_expert_group) == num_expert_group)
 
 
-def takes(scores: torch.Tensor, num_expert_group: int) -> bool:
+def takes(scores: torch.Tensor, num_expert_group: int, topk: int) -> bool:
     """Whether a routing takes this path: a shape test (graph-safe, the same for every token)."""
     tokens, experts = scores.shape
-    return TILES and tokens >= MIN_TOKENS and fits(experts, num_expert_group)
+    return (TILES and tokens >= MIN_TOKENS and experts <= MAX_EXPERTS and topk <= MAX_TOPK
+            and fits(experts, num_expert_group))
 
 
 def route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
