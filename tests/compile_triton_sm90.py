@@ -42,12 +42,12 @@ MERGE = dict(gathered="*i32", gathered_rank_stride="i64", gathered_row_stride="i
              KP2="constexpr", WORDS="constexpr", EXCHANGE="constexpr")
 
 
-def build(fn, signature, constexprs, aligned: tuple = ()) -> None:
+def build(fn, signature, constexprs, aligned: tuple = (), warps: int = 8) -> None:
     """``aligned``: arguments assumed 16-byte aligned (as Triton assumes at launch for such
     pointers and strides)."""
     attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
     source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-    compiled = triton.compile(source, target=TARGET, options={"num_warps": 8})
+    compiled = triton.compile(source, target=TARGET, options={"num_warps": warps})
     print(f"ok {fn.__name__} {constexprs} smem={compiled.metadata.shared}", flush=True)
     return compiled
 
@@ -102,6 +102,25 @@ def programmatic_dependents() -> int:
     return 2 * len(builds)
 
 
+def route_tiles_in_one_warp() -> int:
+    """The tile router as it launches (``tiles.WARPS`` warps, ``tiles.TILE`` scores a program) at the
+    routings it takes: no barrier (every reduction within the warp; 8 warps a program took 103
+    barriers and set a 2.5x higher issue floor, ``benchmarks/sass_count.py``)."""
+    from torch_sparse_decode.ops.moe_route import tiles
+
+    count = 0
+    for experts, topk, groups, kept in ((256, 8, 8, 4), (256, 8, 1, 1), (384, 8, 1, 1)):
+        ep2 = triton.next_power_of_2(experts)
+        compiled = build(tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=experts, EP2=ep2, TOPK=topk, GROUPS=groups,
+                                                               TOPK_GROUP=kept, SIGMOID=True, RENORMALIZE=True,
+                                                               BLOCK_T=max(tiles.TILE // ep2, 1), PDL=False),
+                         warps=tiles.WARPS)
+        if "bar.sync" in compiled.asm["ptx"]:
+            raise SystemExit(f"route tiles {experts}/{topk} groups {groups}: a barrier in the one-warp build")
+        count += 1
+    return count
+
+
 def main() -> int:
     count = 0
     for block in (1, 3, 8, 64, 100, 256):
@@ -136,6 +155,7 @@ def main() -> int:
           dict(ROWS=row_lengths.ROWS))
     count += 1
     count += programmatic_dependents()
+    count += route_tiles_in_one_warp()
     print(f"compiled {count} configurations")
     return 0
 
