@@ -106,7 +106,7 @@ def route_tiles_ptx() -> tuple[str, int, int]:
                      weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
                      EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr",
                      SIGMOID="constexpr", RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
-    block_t = tiles.TILE // 256
+    block_t = tiles.TOKENS
     constexprs = dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True, RENORMALIZE=True,
                       BLOCK_T=block_t, PDL=False)
     source = triton.compiler.ASTSource(fn=tiles._route_tiles, signature=signature, constexprs=constexprs)

@@ -103,9 +103,9 @@ def programmatic_dependents() -> int:
 
 
 def route_tiles_in_one_warp() -> int:
-    """The tile router as it launches (``tiles.WARPS`` warps, ``tiles.TILE`` scores a program) at the
+    """The tile router as it launches (``tiles.WARPS`` warps, ``tiles.TOKENS`` tokens a program) at the
     routings it takes: no barrier (every reduction within the warp; 8 warps a program took 103
-    barriers and set a 2.5x higher issue floor, ``benchmarks/sass_count.py``)."""
+    barriers and set a 3x higher issue floor, ``benchmarks/sass_count.py``)."""
     from torch_sparse_decode.ops.moe_route import tiles
 
     count = 0
@@ -113,7 +113,7 @@ def route_tiles_in_one_warp() -> int:
         ep2 = triton.next_power_of_2(experts)
         compiled = build(tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=experts, EP2=ep2, TOPK=topk, GROUPS=groups,
                                                                TOPK_GROUP=kept, SIGMOID=True, RENORMALIZE=True,
-                                                               BLOCK_T=max(tiles.TILE // ep2, 1), PDL=False),
+                                                               BLOCK_T=tiles.TOKENS, PDL=False),
                          warps=tiles.WARPS)
         if "bar.sync" in compiled.asm["ptx"]:
             raise SystemExit(f"route tiles {experts}/{topk} groups {groups}: a barrier in the one-warp build")

@@ -4,12 +4,14 @@ per program, one warp a program, every step a reduction over the tile's rows at 
 Why: the CuTe kernel (``kernel.py``) spends one CTA of 256 threads and a chain of block syncs on
 each token, which is the fastest at decode sizes, but at T = 4096 its 4096 CTAs run in waves of
 about a thousand and the chains add up (DeepSeek-V3: 17 us beside FlashInfer's 12.6). Here a
-warp holds ``BLOCK_T`` tokens' scores in registers (TILE scores, 16 a lane) and takes each step
+warp holds ``BLOCK_T`` = 2 tokens' scores in registers (16 or 32 a lane) and takes each step
 over all of them: the keys, the group scores and the kept groups, then ``topk`` rounds of a row
 max, every reduction within the warp (no barrier). Its static SASS (``benchmarks/sass_count.py``)
-sets an issue floor at T = 4096 of 6.7 us for DeepSeek-V3, 5.6 ungrouped 256 / 8 and 9.1 for
+sets an issue floor at T = 4096 of 6.7 us for DeepSeek-V3, 5.6 ungrouped 256 / 8 and 9.8 for
 Kimi-K2's 384 / 8 (the same kernel on 8 warps of 8 tokens: 21.1 us, Triton laying the group
-step's warps across experts: 103 barriers). Routings of more than 8 experts a token or 512
+step's warps across experts: 103 barriers). Two tokens a warp, not one: two chains of work
+interleave in a warp that would stall on one, and at 83-112 registers the 2048 warps of T = 4096
+are resident at once (one token a warp takes two waves of 4096). Routings of more than 8 experts a token or 512
 experts stay on the CuTe kernel: their ``topk`` rounds over 1024 padded experts set floors of
 24-57 us against its 16-21 measured.
 
@@ -42,8 +44,8 @@ import triton.language as tl
 # sanitizer) and its token threshold is measured.
 TILES = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_TILES", "0") == "1"
 MIN_TOKENS = 512  # fewer stay on the CuTe kernel: a guess to measure (a lone warp is latency-bound, ~6 us)
-TILE = 512  # scores a program holds: BLOCK_T = TILE / (experts padded to a power of two)
-WARPS = 1  # 16 scores a lane: 70-91 registers, no spills (sm_90a); more warps add barriers
+TOKENS = 2  # a program's tokens (BLOCK_T)
+WARPS = 1  # 83-112 registers, no spills (sm_90a); more warps add barriers
 MAX_EXPERTS = 512  # routings past these stay on the CuTe kernel (above)
 MAX_TOPK = 8
 SUM_LANES = tl.constexpr(32)  # reference.warp_sum's width: the selected weights padded with zeros
@@ -192,7 +194,7 @@ def route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_exper
     launched as a programmatic dependent of the kernel before (``compile.PDL``)."""
     tokens, experts = scores.shape
     ep2 = triton.next_power_of_2(experts)
-    block_t = max(TILE // ep2, 1)
+    block_t = TOKENS
     if tokens:
         _route_tiles[(triton.cdiv(tokens, block_t),)](
             scores, scores.stride(0), bias, scale, weights, weights.stride(0), ids, ids.stride(0), tokens,
