@@ -10,7 +10,8 @@
 #   fuzz         the fuzzer drawing the switches per case (TSD_FUZZ_OPT_IN=1; FUZZ_CASES, 3000)
 #   sanitize     memcheck, then racecheck, over the opt-in paths' sections, every switch on
 #   bench        the short-row table, PDL behind the kernel before, the router front
-#   peer         beside FlashInfer (.device/peer_bench): top-k at the short rows, switch off and on;
+#   peer         beside FlashInfer (.device/peer_bench): top-k at the short rows, the CuTe short path off and on
+#                (the count select's static SASS rules it out: bench's short table still times it);
 #                routing at large T, tiles off and on
 #
 # Each step writes ${OUT:-opt_in_logs}/STEP.log, is bounded by STEP_TIMEOUT seconds (540), and
@@ -69,7 +70,7 @@ for step in "$@"; do
     peer)
         run peer "(cd .device/peer_bench && tar xJf libs.tar.xz) && (cd .device/peer_bench/routing && tar xJf libs.tar.xz) \
             && python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K --kinds randn,ragged --budget-s 200 \
-            && TORCH_SPARSE_DECODE_COUNT_SELECT=1 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
+            && TORCH_SPARSE_DECODE_SHORT_ROWS=1 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
                --kinds randn,ragged --budget-s 200 \
             && python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 --tokens 256,1024,4096 \
             && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \

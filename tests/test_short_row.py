@@ -15,14 +15,17 @@ from inputs import KINDS, poisoned, scores
 from test_indexer_topk import window_edges
 from test_kernels_compile import SM90_SMEM, compiled_smem_bytes
 from torch_sparse_decode.dtypes import TOPK_SCORES
-from torch_sparse_decode.kernels.topk import launch, short_row
+from torch_sparse_decode.kernels.topk import count_select, launch, short_row
 
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 
 @pytest.fixture
 def short_rows(monkeypatch):
+    """This path on, and the count select off: ``launch.select`` asks it first (opt_in_check.sh
+    runs these tests with every switch on)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
 
 
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
@@ -70,6 +73,7 @@ def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False, 
 
 def test_which_batches_take_it(monkeypatch):
     """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
+    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append("short"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
