@@ -132,6 +132,7 @@ def test_the_op_takes_it_at_many_tokens(monkeypatch, experts, topk, groups, kept
     s[::7] = 0.5
     b = (scores("few_distinct", (experts,), seed=11) * 0.01).cuda()
     kw = dict(num_expert_group=groups, topk_group=kept, scale=2.5)
+    monkeypatch.setattr(tiles, "TILES", False)  # the CuTe kernel, whatever the environment says
     cute = tsd.moe_route(s, b, topk, **kw)
     monkeypatch.setattr(tiles, "TILES", True)
     assert tiles.takes(s, groups, topk)
