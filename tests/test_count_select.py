@@ -15,7 +15,7 @@ import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
 from test_indexer_topk import window_edges
 from test_short_row import assert_oracle_tokens, assert_takes_score_rows, routed
-from torch_sparse_decode.kernels.topk import count_select, launch
+from torch_sparse_decode.kernels.topk import count_select, launch, short_row
 
 COUNT_MAX = count_select.COUNT_MAX
 
@@ -48,6 +48,7 @@ def test_off_by_default():
 def test_which_batches_take_it(monkeypatch):
     """Rows of at most COUNT_MAX scores or block keys, with or without the fused outputs, and the
     DCP pack's ord16 keys; everything else goes on as before."""
+    monkeypatch.setattr(short_row, "SHORT_ROWS", False)  # the engine below, whatever the environment says
     taken = []
     monkeypatch.setattr(count_select, "count_select", lambda src, *a, **kw: taken.append("count"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
