@@ -83,7 +83,7 @@ class ShortRowTopk:
         # The row's keys are read before its length is known (the two loads overlap). Warp w holds
         # columns [w * 32 * run, (w + 1) * 32 * run) of the batch's width, its lanes side by side:
         # key i of lane l is column w * 32 * run + 32 * i + l, so each load is one coalesced line
-        # (a run a thread cost 8 lines a warp load at 8K columns: ~2.3 us of L1 wavefronts a row).
+        # (a run a thread cost 8 lines a warp load at 8K columns: ~2 us of L1 wavefronts a row).
         lane, warp = tid % 32, tid // 32
         run = (cols + THREADS - 1) // THREADS  # <= PER
         lo = warp * 32 * run + lane

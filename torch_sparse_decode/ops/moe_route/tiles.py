@@ -7,13 +7,13 @@ about a thousand and the chains add up (DeepSeek-V3: 17 us beside FlashInfer's 1
 warp holds ``BLOCK_T`` = 2 tokens' scores in registers (16 or 32 a lane) and takes each step
 over all of them: the keys, the group scores and the kept groups, then ``topk`` rounds of a row
 max, every reduction within the warp (no barrier). Its static SASS (``benchmarks/sass_count.py``)
-sets an issue floor at T = 4096 of 6.7 us for DeepSeek-V3, 5.6 ungrouped 256 / 8 and 9.8 for
-Kimi-K2's 384 / 8 (the same kernel on 8 warps of 8 tokens: 21.1 us, Triton laying the group
+sets an issue floor at T = 4096 of 5.9 us for DeepSeek-V3, 5.0 ungrouped 256 / 8 and 8.7 for
+Kimi-K2's 384 / 8 (the same kernel on 8 warps of 8 tokens: 18.7 us, Triton laying the group
 step's warps across experts: 103 barriers). Two tokens a warp, not one: two chains of work
 interleave in a warp that would stall on one, and at 83-112 registers the 2048 warps of T = 4096
 are resident at once (one token a warp takes two waves of 4096). Routings of more than 8 experts a token or 512
 experts stay on the CuTe kernel: their ``topk`` rounds over 1024 padded experts set floors of
-24-57 us against its 16-21 measured.
+22-51 us against its 16-21 measured.
 
 The same order as the reference, bit for bit:
 
