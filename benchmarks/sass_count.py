@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -29,6 +30,8 @@ os.environ.pop("TRITON_INTERPRET", None)  # the interpreter compiles nothing
 
 import triton  # noqa: E402
 from harness import Table, parser  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))  # the Triton kernels' signatures
 
 CLOCK_GHZ = 1.98  # the H200's SM clock under load (docs/developing.md)
 SCHEDULERS = 4
@@ -64,54 +67,40 @@ def opcodes(cubin: bytes, folder: str) -> list[str]:
 
 
 def short_row_ptx(dtype: torch.dtype) -> str:
-    from torch_sparse_decode.kernels.compile import KERNELS, _dsl
-    from torch_sparse_decode.kernels.topk import short_row  # noqa: F401 (registers the kernel)
+    from torch_sparse_decode.build_kernels import kernel_ptx
 
-    with tempfile.TemporaryDirectory() as dump:
-        _dsl().envar.dump_dir = dump
-        KERNELS["topk_short_row"].build(dtype, False)
-        (ptx,) = [os.path.join(dump, f) for f in os.listdir(dump) if f.endswith(".ptx")]
-        with open(ptx) as f:
-            return f.read()
+    return kernel_ptx("torch_sparse_decode.kernels.topk.short_row", "topk_short_row", (dtype, False))
+
+
+def triton_ptx(fn, signature: dict, constexprs: dict, warps: int, aligned: tuple = ()) -> str:
+    from triton.backends.compiler import GPUTarget
+
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
 
 
 def count_select_ptx(width: int) -> tuple[str, int]:
     """(PTX, warps) of the count select's fp32 build over ``width`` columns, ids alone."""
-    from triton.backends.compiler import GPUTarget
-
+    from compile_triton_sm90 import COUNT_SELECT
     from torch_sparse_decode.kernels.topk import count_select
 
-    signature = dict(src="*fp32", src_stride="i64", lengths="*i32", starts="*i32", cols="i32", block="i32",
-                     k="i32", out="*i32", out_stride="i64", raw="*i32", values="*fp32", table="*i32",
-                     table_stride="i64", page="i32", want="i32", WINDOWED="constexpr", PINNED="constexpr",
-                     BLOCK="constexpr", STEPS="constexpr", KEY_MASK="constexpr", PDL="constexpr", FUSED="constexpr",
-                     ORD16="constexpr")
     constexprs = dict(WINDOWED=False, PINNED=False, BLOCK=width, STEPS=8, KEY_MASK=0xFFFFFFFF, PDL=False,
                       FUSED=False, ORD16=False)
     warps = min(width // (32 * count_select.KEYS_PER_THREAD), 32)
-    source = triton.compiler.ASTSource(fn=count_select._count_select, signature=signature, constexprs=constexprs,
-                                       attrs={(0,): [["tt.divisibility", 16]]})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    return compiled.asm["ptx"], warps
+    return triton_ptx(count_select._count_select, COUNT_SELECT, constexprs, warps, aligned=("src",)), warps
 
 
 def route_tiles_ptx() -> tuple[str, int, int]:
     """(PTX, warps, programs) of the tile router at DeepSeek-V3's routing (256 experts, 8 groups, 4
     kept, top 8, sigmoid, renormalized) over ROUTE_TOKENS tokens."""
-    from triton.backends.compiler import GPUTarget
-
+    from compile_triton_sm90 import ROUTE_TILES
     from torch_sparse_decode.ops.moe_route import tiles
 
-    signature = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp32", weights="*fp32",
-                     weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
-                     EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr",
-                     SIGMOID="constexpr", RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
-    block_t = tiles.TOKENS
     constexprs = dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True, RENORMALIZE=True,
-                      BLOCK_T=block_t, PDL=False)
-    source = triton.compiler.ASTSource(fn=tiles._route_tiles, signature=signature, constexprs=constexprs)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": tiles.WARPS})
-    return compiled.asm["ptx"], tiles.WARPS, ROUTE_TOKENS // block_t
+                      BLOCK_T=tiles.TOKENS, PDL=False)
+    return (triton_ptx(tiles._route_tiles, ROUTE_TILES, constexprs, tiles.WARPS), tiles.WARPS,
+            ROUTE_TOKENS // tiles.TOKENS)
 
 
 def main() -> None:

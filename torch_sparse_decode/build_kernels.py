@@ -118,21 +118,30 @@ def _build(job: Job) -> Built:
     return Built(job, time.perf_counter() - start, path.stat().st_size)
 
 
+def kernel_ptx(module: str, kernel: str, config: tuple) -> str:
+    """The PTX of one configuration of a cached kernel, compiled afresh (the DSL must have been
+    imported with ``CUTE_DSL_KEEP=ptx``: ``--ptx`` workers, ``benchmarks/sass_count.py``)."""
+    import tempfile
+
+    importlib.import_module(module)
+    from .kernels.compile import KERNELS, _dsl
+
+    with tempfile.TemporaryDirectory() as dump:
+        _dsl().envar.dump_dir = dump
+        KERNELS[kernel].build(*config)
+        (ptx,) = Path(dump).glob("*.ptx")
+        return ptx.read_text()
+
+
 def _ptx(job: Job) -> Built:
     """In a worker started for ``--ptx``: compile ``job`` afresh, keep its PTX (the entry's name
     replaced) in the cache folder."""
     import hashlib
     import re
-    import tempfile
 
-    importlib.import_module(job.module)
-    from .kernels.compile import KERNELS, _dsl, cache_dir
+    from .kernels.compile import cache_dir
 
-    with tempfile.TemporaryDirectory() as dump:
-        _dsl().envar.dump_dir = dump
-        KERNELS[job.kernel].build(*job.config)
-        (ptx,) = Path(dump).glob("*.ptx")
-        text = ptx.read_text()
+    text = kernel_ptx(job.module, job.kernel, job.config)
     text = text.replace(re.search(r"\.entry (\w+)\(", text).group(1), "KERNEL")
     tag = hashlib.sha256(repr(job.config).encode()).hexdigest()[:12]
     (cache_dir() / f"{job.arch}-{job.kernel}-{tag}.ptx").write_text(text)
