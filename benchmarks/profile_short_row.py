@@ -3,8 +3,9 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
 
     python benchmarks/profile_short_row.py [--quick] [--results FILE]
 
-Cuts: no count (the digit rounds' atomics), no scan (the one-warp scans), one digit round, no
-rounds (launch, the reads of the row and its length, one scan, no ids written).
+Cuts: no tail (all four digit rounds, no one-warp rank of the last bin), no count (the digit
+rounds' atomics), no scan (the one-warp scans), one digit round, no rounds (launch, the reads of
+the row and its length, and the output's ballots writing the first k ids).
 """
 
 from __future__ import annotations
@@ -29,33 +30,36 @@ class NoCount(short_row.ShortRowTopk):
 
 
 class NoScan(short_row.ShortRowTopk):
-    """The digit is always the middle bin (the scan's sums are still read: ``bin_count``)."""
+    """The digit is always the middle bin (the scan's sums are still read: ``bin_count``); no tail."""
+
+    def __init__(self, source):
+        super().__init__(source)
+        self.tail_digits = self.rounds
 
     @cute.jit
-    def threshold(self, keys, run, k, hist, parts, info, tid):
-        need = k
-        t = cutlass.Uint32(0)
-        for p in cutlass.range_constexpr(self.rounds):
-            shift = 32 - short_row.RADIX * (p + 1)
-            self.count(keys, run, t, p, shift, hist, tid)
-            cute.arch.sync_threads()
-            self.sum_copies(hist, parts, tid)
-            cute.arch.sync_threads()
-            t = t | (cutlass.Uint32(short_row.BINS // 2) << cutlass.Uint32(shift))
-        return t, need
+    def digit_round(self, keys, run, t, need, k, p: cutlass.Constexpr[int], hist, parts, info, tid):
+        shift = 32 - short_row.RADIX * (p + 1)
+        self.count(keys, run, t, p, shift, hist, tid)
+        cute.arch.sync_threads()
+        self.sum_copies(hist, parts, tid)
+        cute.arch.sync_threads()
+        return t | (cutlass.Uint32(short_row.BINS // 2) << cutlass.Uint32(shift)), need
 
 
-def rounds(n: int):
-    class Rounds(short_row.ShortRowTopk):
+def variant(digits: int, tail_digits: int | None = None):
+    """``digits`` rounds; the tail after ``tail_digits`` of them (None: as shipped; digits: none)."""
+
+    class Variant(short_row.ShortRowTopk):
         def __init__(self, source):
             super().__init__(source)
-            self.rounds = n
+            self.rounds = digits
+            self.tail_digits = self.tail_digits if tail_digits is None else tail_digits
 
-    return Rounds
+    return Variant
 
 
-CUTS = {"whole": short_row.ShortRowTopk, "no count": NoCount, "no scan": NoScan, "one round": rounds(1),
-        "no rounds": rounds(0)}
+CUTS = {"whole": short_row.ShortRowTopk, "no tail": variant(4, 4), "no count": NoCount, "no scan": NoScan,
+        "one round": variant(1), "no rounds": variant(0)}
 
 
 def build(cls, dtype):

@@ -128,6 +128,43 @@ def test_half_precision(short_rows, dtype, kind):
     check(scores(kind, (lengths.numel(), SHORT_MAX), seed=5).to(dtype), lengths, 512)
 
 
+def settling_rows(dtype: torch.dtype, width: int = 8192, k: int = 2048) -> torch.Tensor:
+    """Rows whose k-th largest lies in [1, 1 + 2**-7) (keys sharing their top 16 bits): bins of m
+    keys on both sides of short_row.TAIL with ties; long bins of one key, and of one key and its
+    neighbour one ulp up; a long bin whose top 24 bits leave a short one. 1, half or all of the
+    bin is taken; everything else is far above or below."""
+    gen = torch.Generator().manual_seed(7)
+    ulp = 2.0**-23
+
+    def ints(high: int, n: int) -> torch.Tensor:
+        return torch.randint(0, high, (n,), generator=gen).double()
+
+    bins = []
+    for m in (1, 2, 31, short_row.TAIL - 1, short_row.TAIL, short_row.TAIL + 1, 3 * short_row.TAIL):
+        bins.append(1 + ints(8, m) * 2.0**-10 + (ints(4, m) * 2.0**-20 if dtype == torch.float32 else 0))
+    for m in (short_row.TAIL + 1, 3 * short_row.TAIL):
+        bins.append(torch.ones(m, dtype=torch.float64))
+    bins.append(torch.cat([torch.ones(short_row.TAIL), torch.tensor([1 + ulp])]))
+    bins.append(torch.cat([1 + ulp * ints(200, 90), 1 + 2.0**-15 + ints(1000, 100) * 2.0**-18]))  # 90 past 3 digits
+    rows = []
+    for bin_ in bins:
+        m = bin_.numel()
+        for taken in sorted({1, (m + 1) // 2, m}):
+            row = torch.cat([100 + torch.rand(k - taken, generator=gen, dtype=torch.float64), bin_,
+                             -1 - torch.rand(width - k + taken - m, generator=gen, dtype=torch.float64)])
+            rows.append(row[torch.randperm(width, generator=gen)])
+    return torch.stack(rows).to(dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_settling_early(short_rows, dtype):
+    """From two digits on, a short bin is ranked by one warp and a bin of one key is t; other bins
+    take the rounds."""
+    x = settling_rows(dtype)
+    check(x, torch.full((x.shape[0],), x.shape[1], dtype=torch.int32), 2048)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed"])
 @pytest.mark.parametrize("k", [1, 64, 2048])

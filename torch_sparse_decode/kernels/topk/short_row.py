@@ -11,6 +11,10 @@ in one CTA, with no cluster, ring or copy.
   histogram of the keys that match the digits found so far. The histogram is kept once per
   lane (a warp's lanes never add to one address), so rows of one or few values cost no more
   than random ones; the CTA sums the copies and one warp scans the bins from the top.
+- Settling early: once two digits are found (fp32 and fp16 keys; and three, fp32), the bin that
+  holds t is settled without the remaining rounds where it can be: a bin of at most TAIL keys
+  (randn rows of 8K-16K: ~10-70) is gathered into shared memory and one warp ranks it; a longer
+  one whose keys are all equal (all-equal, few-valued and ReLU'd rows) is t. Others take the rounds.
 - Output: each warp counts its keys > t and == t by ballots; one barrier gives each warp the
   counts of the warps below, and each key's ballots its place among its warp's: a key > t at
   (keys > t before it) + min(ties before it, ties taken), a tie iff fewer than ``take`` ties
@@ -54,7 +58,14 @@ PARTS = THREADS // BINS  # the copies are summed in PARTS groups of 32 // PARTS
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
 # all 0 (non-negative scores) or all 1 (negative ones: ordered_key flips them).
 DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}
-DIGIT, ABOVE = range(2)  # info words (scan_from_top's): the digit found, the keys in the bins above it
+# info words: scan_from_top's digit found and the keys in the bins above it (word 2 is its need); settle's verdict
+DIGIT, ABOVE, _, SETTLED = range(4)
+# From TAIL_DIGITS digits on, a bin that is short (at most TAIL keys; randn 8K: ~10, 16K: ~30) is
+# ranked by one warp, and one whose keys are all equal (tie-heavy rows) gives t at once: either
+# settles t without the remaining rounds (each ~three barriers and a one-warp scan).
+TAIL_DIGITS = 2
+TAIL = 128
+GATHERED = TAIL  # the tail list's word that counts the keys gathered into it
 
 
 class ShortRowTopk:
@@ -64,6 +75,7 @@ class ShortRowTopk:
     def __init__(self, source: torch.dtype, pdl: bool = False):
         self.source = cute_type(source)
         self.rounds = DIGIT_ROUNDS[source]
+        self.tail_digits = TAIL_DIGITS
         self.pdl = pdl
 
     @cute.jit
@@ -102,41 +114,133 @@ class ShortRowTopk:
         parts = smem.allocate_tensor(Int32, cute.make_layout(PARTS * BINS), 16)
         info = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        tail = smem.allocate_tensor(Uint32, cute.make_layout(TAIL + 1), 16)
+        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2 * WARPS), 16)  # each warp's largest, smallest key
         if n <= k:  # every valid id, then -1
             for j in range(tid, out.shape[1], THREADS):
                 out[row, j] = cutlass.select_(j < n, j, Int32(-1))
         else:
             zero_fill(hist, 32 * COPY, tid, THREADS)
+            if tid == 0:
+                tail[GATHERED] = Uint32(0)
             for i in cutlass.range_constexpr(PER):
                 inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
                 keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
             cute.arch.sync_threads()
 
-            t, take = self.threshold(keys, run, k, hist, parts, info, tid)
+            t, take = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid)
             self.write_kept(keys, run, t, take, lo - first, row, out, warp_sums, tid)
 
     @cute.jit
     def threshold(self, keys: cute.Tensor, run: Int32, k: Int32, hist: cute.Tensor, parts: cute.Tensor,
-                  info: cute.Tensor, tid: Int32):
+                  info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
         """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
         need = k
         t = Uint32(0)
+        settled = Int32(0)  # t is known: the remaining rounds are skipped (CTA-uniform)
         for p in cutlass.range_constexpr(self.rounds):
-            shift = 32 - RADIX * (p + 1)
-            self.count(keys, run, t, p, shift, hist, tid)
-            cute.arch.sync_threads()
-            self.sum_copies(hist, parts, tid)
-            cute.arch.sync_threads()
-            if tid < 32:  # one warp: bin b's count summed over the copies' groups
-                scan_from_top(lambda b: self.bin_count(parts, b), need, k, info, tid)
-            cute.arch.sync_threads()
-            t = t | (Uint32(info[DIGIT]) << Uint32(shift))
-            need = need - info[ABOVE]
+            if cutlass.const_expr(p < self.tail_digits):
+                t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+            else:
+                if settled == 0:
+                    t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+            if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
+                if settled == 0:
+                    found, need, settled = self.settle(keys, run, t, need, p, parts, info, tail, bounds, tid)
+                    t = Uint32(found)
         low = 32 - RADIX * self.rounds
         if cutlass.const_expr(low > 0):  # the bits below the digits follow from the sign
             fill = Uint32((1 << low) - 1)
             t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
         return t, need
+
+    @cute.jit
+    def digit_round(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, k: Int32,
+                    p: cutlass.Constexpr[int], hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor, tid: Int32):
+        """(t, need) with digit p found: its bin's keys hold the need-th largest."""
+        shift = 32 - RADIX * (p + 1)
+        self.count(keys, run, t, p, shift, hist, tid)
+        cute.arch.sync_threads()
+        self.sum_copies(hist, parts, tid)
+        cute.arch.sync_threads()
+        if tid < 32:  # one warp: bin b's count summed over the copies' groups
+            scan_from_top(lambda b: self.bin_count(parts, b), need, k, info, tid)
+        cute.arch.sync_threads()
+        return t | (Uint32(info[DIGIT]) << Uint32(shift)), need - info[ABOVE]
+
+    @cute.jit
+    def settle(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, p: cutlass.Constexpr[int],
+               parts: cute.Tensor, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
+        """(t, need, settled) after digit p, from the bin of keys whose digits are t's so far: a
+        short bin is gathered into ``tail`` and one warp ranks it; a long one's bounds are found,
+        and if they meet, t is its one key."""
+        shift = 32 - RADIX * (p + 1)
+        m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
+        lane, warp = tid % 32, tid // 32
+        if m <= TAIL:
+            for i in cutlass.range_constexpr(PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        tail[Int32(cute.arch.atomic_add(tail.iterator + GATHERED, Uint32(1)))] = key
+        else:
+            high = Uint32(0)
+            low = Uint32(0xFFFFFFFF)
+            for i in cutlass.range_constexpr(PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        high = max(high, key)
+                        low = min(low, key)
+            high = cute.arch.warp_redux_sync(high, "umax")
+            low = cute.arch.warp_redux_sync(low, "umin")
+            if lane == 0:
+                bounds[warp] = high
+                bounds[WARPS + warp] = low
+        cute.arch.sync_threads()
+        if tid < 32:
+            found = t
+            take = need
+            if m <= TAIL:
+                found, take = self.rank(tail, need, lane)
+                found = Uint32(found)
+            else:
+                found = Uint32(cute.arch.warp_redux_sync(bounds[lane % WARPS], "umax"))
+                take = cutlass.select_(cute.arch.warp_redux_sync(bounds[WARPS + lane % WARPS], "umin") == found,
+                                       need, Int32(-1))
+            if lane == 0:
+                info[DIGIT] = Int32(found)
+                info[ABOVE] = take
+                info[SETTLED] = cutlass.select_(take >= 0, Int32(1), Int32(0))
+        cute.arch.sync_threads()
+        settled = info[SETTLED]
+        t = cutlass.select_(settled != 0, Uint32(info[DIGIT]), t)
+        return t, cutlass.select_(settled != 0, info[ABOVE], need), settled
+
+    @cute.jit
+    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32):
+        """(t, take) among the m <= TAIL keys gathered into ``tail`` (one warp): t is the largest key
+        x with at least need of them >= x, and take is need less the keys > t."""
+        m = Int32(tail[GATHERED])
+        held = cute.make_rmem_tensor(TAIL // 32, Uint32)  # lane l: keys l, l + 32, ...; 0 past m
+        at_least = cute.make_rmem_tensor(TAIL // 32, Int32)
+        for h in cutlass.range_constexpr(TAIL // 32):
+            held[h] = Uint32(0)
+            at_least[h] = Int32(0)
+            if lane + 32 * h < m:
+                held[h] = tail[lane + 32 * h]
+        for j in range(m):
+            v = tail[j]
+            for h in cutlass.range_constexpr(TAIL // 32):
+                at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
+        best = Uint32(0)  # a held 0 has all m >= it, and loses to every key
+        for h in cutlass.range_constexpr(TAIL // 32):
+            best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
+        best = cute.arch.warp_redux_sync(best, "umax")
+        above = Int32(0)
+        for h in cutlass.range_constexpr(TAIL // 32):
+            above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
+        return best, need - cute.arch.warp_redux_sync(above, "add")
 
     @cute.jit
     def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],
