@@ -4,6 +4,8 @@
 #
 #   bash tests/opt_in_check.sh STEP [STEP ...]     # from the repository root
 #
+#   short        the short-row path alone, for a short GPU window: its GPU tests, the short-row table
+#                and the profile of its phases (profile_short_row.py --quick)
 #   warmup       a fresh process's import + warmup(), twice (Triton's cache empty, then filled),
 #                from the folder in TORCH_SPARSE_DECODE_CACHE; Triton's identity
 #   tests        the GPU tests of every opt-in path, with every switch on
@@ -56,6 +58,10 @@ for step in "$@"; do
         export -f warm_once
         run warmup "python -c 'from torch_sparse_decode.kernels.triton_cache import identity; print(\"identity\", identity())' \
             && export TRITON_CACHE_DIR=\$(mktemp -d) && warm_once && warm_once" ;;
+    short)
+        run short "$ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_short_row.py \
+            && cd benchmarks && $ALL_ON python bench_topk.py --tables short --results '' \
+            && python profile_short_row.py --quick --results ''" ;;
     tests)
         run tests "$ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider $OPT_IN_TESTS \
             && $ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider -k 'programmatic or exchange_step' $PDL_TESTS" ;;
@@ -76,7 +82,7 @@ for step in "$@"; do
             && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
                --tokens 256,1024,4096" ;;
     *)
-        echo "unknown step $step (warmup tests fuzz sanitize bench peer)" >&2
+        echo "unknown step $step (short warmup tests fuzz sanitize bench peer)" >&2
         exit 2 ;;
     esac
 done
