@@ -162,6 +162,22 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                     ids = torch.empty(6, 2048, dtype=torch.int32, device="cuda")
                     launch.select_ord16(x.cuda(), lengths.cuda(), 2048, ids)
                     expect(f"{switch} ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
+            if module is short_row:  # HALF-thread CTAs (more rows than SMs), and each way to settle t early
+                from test_short_row import settling_rows
+
+                rows = torch.cuda.get_device_properties(0).multi_processor_count + 2
+                x = torch.randn(rows, 8192, generator=gen)
+                x[::3] = 0.5
+                x[1::7, ::5] = float("nan")
+                lengths = torch.randint(0, 8193, (rows,), generator=gen, dtype=torch.int32)
+                expect(f"{switch} half-width CTAs {rows}x8192", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
+                       oracle.topk_tokens(x, lengths, 2048))
+                for dtype in (torch.float32, torch.float16):
+                    x = settling_rows(dtype)
+                    lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32)
+                    got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048)
+                    want = oracle.topk_tokens(x.float(), lengths, 2048)
+                    expect(f"{switch} settling early {str(dtype)[6:]}", got, want)
         finally:
             setattr(module, switch, saved[0])
             count_select.COUNT_SELECT = saved[1]

@@ -13,7 +13,7 @@ import oracle
 import torch_sparse_decode as tsd
 from inputs import KINDS, poisoned, scores
 from test_indexer_topk import window_edges
-from test_kernels_compile import SM90_SMEM, compiled_smem_bytes
+from test_kernels_compile import SM90_SM_SMEM, SM90_SMEM, compiled_smem_bytes
 from torch_sparse_decode.dtypes import TOPK_SCORES
 from torch_sparse_decode.kernels.topk import count_select, launch, short_row
 
@@ -29,8 +29,30 @@ def short_rows(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
-def test_compiles_and_fits_sm90(dtype):
-    assert compiled_smem_bytes(short_row.compiled, dtype) <= SM90_SMEM
+@pytest.mark.parametrize("threads", [short_row.THREADS, short_row.HALF])
+def test_compiles_and_fits_sm90(dtype, threads):
+    """A CTA fits; two HALF CTAs fit one SM (their point: one's barriers under the other's work)."""
+    used = compiled_smem_bytes(short_row.compiled, dtype, False, threads)
+    assert used <= SM90_SMEM
+    if threads == short_row.HALF:
+        assert 2 * (used + 1024) <= SM90_SM_SMEM  # the driver reserves 1 KiB a CTA
+
+
+def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
+    """More rows than SMs, columns that fit HALF threads: HALF; any other batch: THREADS."""
+    half, full = short_row.HALF, short_row.THREADS
+    assert short_row.threads_for(133, half * short_row.PER, 132) == half
+    assert short_row.threads_for(132, half * short_row.PER, 132) == full
+    assert short_row.threads_for(133, half * short_row.PER + 1, 132) == full
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 4)
+    configs = []
+    monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
+    for rows in (4, 5):
+        launch.select(torch.zeros(rows, 100), torch.zeros(rows, dtype=torch.int32), 100, 1, 4,
+                      torch.empty(rows, 4, dtype=torch.int32), pinned=False)
+    assert [c[-1] for c in configs] == [full, half]
 
 
 def test_off_by_default_and_then_not_built(monkeypatch):
@@ -40,7 +62,8 @@ def test_off_by_default_and_then_not_built(monkeypatch):
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert short_row.catalog(None) == []
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    assert short_row.catalog(None) == [(dtype, pdl.enabled()) for dtype in TOPK_SCORES]
+    assert short_row.catalog(None) == [(dtype, pdl.enabled(), threads) for dtype in TOPK_SCORES
+                                       for threads in (short_row.THREADS, short_row.HALF)]
 
 
 def routed(taken: list):
@@ -85,11 +108,11 @@ def test_which_batches_take_it(monkeypatch):
     assert_takes_score_rows(batch, "short", SHORT_MAX)
 
 
-def edge_lengths(k: int, width: int) -> torch.Tensor:
-    """k's edges, the runs' (n = THREADS * m +- 1: runs of m and m + 1 keys), and the width's."""
+def edge_lengths(k: int, width: int, threads: int = THREADS) -> torch.Tensor:
+    """k's edges, the runs' (n = threads * m +- 1: runs of m and m + 1 keys), and the width's."""
     values = [-3, 0, 1, k - 1, k, k + 1, k + 2, width - 1, width, width + 9]
     for m in (1, 2, 8, 15, 16):
-        values += [THREADS * m - 1, THREADS * m, THREADS * m + 1]
+        values += [threads * m - 1, threads * m, threads * m + 1]
     return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
 
 
@@ -186,6 +209,20 @@ def test_the_same_ids_as_the_engine(short_rows):
     wide = torch.cat([x, torch.full((x.shape[0], 1), float("inf"))], dim=1)  # never read: past every length
     engine = check(wide, lengths, 2048)
     assert torch.equal(short, engine)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", TOPK_SCORES)
+def test_half_width_ctas(short_rows, dtype):
+    """A batch of more rows than SMs takes HALF-thread CTAs: every kind, k's and the runs' edges."""
+    rows = launch.sm_count(torch.device("cuda")) + 5
+    width = short_row.HALF * short_row.PER
+    lengths = edge_lengths(2048, width, short_row.HALF)
+    lengths = lengths.repeat(-(-rows // lengths.numel()))[:rows]
+    each = -(-rows // len(KINDS))
+    x = torch.cat([scores(kind, (each, width), seed=i) for i, kind in enumerate(KINDS)])[:rows]
+    assert short_row.threads_for(rows, width, launch.sm_count(torch.device("cuda"))) == short_row.HALF
+    check(x.to(dtype), lengths, 2048)
 
 
 @pytest.mark.gpu

@@ -68,8 +68,9 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
                                   raw, values, ord16)
         return
     if takes_short_row(src, cols, pinned, ord16, fused):
-        short_row.compiled(src.dtype, pdl.enabled())(src, lengths, starts if windowed else lengths, int(windowed),
-                                                     cols, k_sel, out)
+        threads = short_row.threads_for(rows, cols, sm_count(src.device))
+        short_row.compiled(src.dtype, pdl.enabled(), threads)(src, lengths, starts if windowed else lengths,
+                                                              int(windowed), cols, k_sel, out)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=pdl.enabled())(

@@ -1,8 +1,9 @@
 """The short-row select (CuTe DSL): the top-k of a row whose window holds at most SHORT_MAX keys,
 in one CTA, with no cluster, ring or copy.
 
-- One CTA of THREADS threads per row. The batch's columns are split into WARPS contiguous runs
-  of 32 * ceil(columns / THREADS) <= 32 * PER, one per warp, its lanes side by side (coalesced
+- One CTA of THREADS threads per row (HALF where the batch has more rows than SMs and its
+  columns fit: ``threads_for``). The batch's columns are split into one contiguous run a warp
+  of 32 * ceil(columns / threads) <= 32 * PER, its lanes side by side (coalesced
   loads), read once into registers while the row's length is read (then masked to the window):
   id order is warp, then key, then lane.
 - The k-th largest key t is found one 8-bit digit at a time, top first (four digits for fp32
@@ -48,13 +49,14 @@ from .keys import source_key
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
 
 THREADS = 1024
-WARPS = THREADS // 32
 PER = 16  # keys per thread at most
 SHORT_MAX = THREADS * PER  # the widest window the path takes
+# A batch of more rows than SMs whose columns fit HALF threads takes CTAs of HALF threads: two
+# fit an SM (64 registers a thread), so one CTA's barriers and one-warp scans hide under the other's work.
+HALF = THREADS // 2
 RADIX = 8
 BINS = 1 << RADIX
 COPY = BINS + 1  # words per lane's histogram copy: the copies' same bins fall in distinct banks
-PARTS = THREADS // BINS  # the copies are summed in PARTS groups of 32 // PARTS
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
 # all 0 (non-negative scores) or all 1 (negative ones: ordered_key flips them).
 DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2}
@@ -68,21 +70,29 @@ TAIL = 128
 GATHERED = TAIL  # the tail list's word that counts the keys gathered into it
 
 
-class ShortRowTopk:
-    """The short-row select for one source dtype; ``pdl``: launched as a programmatic dependent of
-    the kernel before (``kernels/pdl.py``)."""
+def threads_for(rows: int, cols: int, sms: int) -> int:
+    """A CTA's threads for a batch (a shape test: the same in every replay)."""
+    return HALF if rows > sms and cols <= HALF * PER else THREADS
 
-    def __init__(self, source: torch.dtype, pdl: bool = False):
+
+class ShortRowTopk:
+    """The short-row select for one source dtype, in CTAs of ``threads`` (THREADS or HALF);
+    ``pdl``: launched as a programmatic dependent of the kernel before (``kernels/pdl.py``)."""
+
+    def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS):
         self.source = cute_type(source)
         self.rounds = DIGIT_ROUNDS[source]
         self.tail_digits = TAIL_DIGITS
         self.pdl = pdl
+        self.threads = threads
+        self.warps = threads // 32
+        self.parts = threads // BINS  # the copies are summed in parts groups of 32 // parts
 
     @cute.jit
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
                  k: Int32, out: cute.Tensor, stream):
         self.kernel(src, lengths, starts, windowed, cols, k, out).launch(
-            grid=[out.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
+            grid=[out.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
@@ -97,7 +107,7 @@ class ShortRowTopk:
         # key i of lane l is column w * 32 * run + 32 * i + l, so each load is one coalesced line
         # (a run a thread cost 8 lines a warp load at 8K columns: ~2 us of L1 wavefronts a row).
         lane, warp = tid % 32, tid // 32
-        run = (cols + THREADS - 1) // THREADS  # <= PER
+        run = (cols + self.threads - 1) // self.threads  # <= PER
         lo = warp * 32 * run + lane
         keys = cute.make_rmem_tensor(PER, Uint32)
         for i in cutlass.range_constexpr(PER):
@@ -111,16 +121,16 @@ class ShortRowTopk:
         n = end - first
         smem = cutlass.memory.SmemAllocator()
         hist = smem.allocate_tensor(Int32, cute.make_layout(32 * COPY), 16)
-        parts = smem.allocate_tensor(Int32, cute.make_layout(PARTS * BINS), 16)
+        parts = smem.allocate_tensor(Int32, cute.make_layout(self.parts * BINS), 16)
         info = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
-        warp_sums = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        warp_sums = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
         tail = smem.allocate_tensor(Uint32, cute.make_layout(TAIL + 1), 16)
-        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2 * WARPS), 16)  # each warp's largest, smallest key
+        bounds = smem.allocate_tensor(Uint32, cute.make_layout(2 * self.warps), 16)  # each warp's largest, smallest key
         if n <= k:  # every valid id, then -1
-            for j in range(tid, out.shape[1], THREADS):
+            for j in range(tid, out.shape[1], self.threads):
                 out[row, j] = cutlass.select_(j < n, j, Int32(-1))
         else:
-            zero_fill(hist, 32 * COPY, tid, THREADS)
+            zero_fill(hist, 32 * COPY, tid, self.threads)
             if tid == 0:
                 tail[GATHERED] = Uint32(0)
             for i in cutlass.range_constexpr(PER):
@@ -196,7 +206,7 @@ class ShortRowTopk:
             low = cute.arch.warp_redux_sync(low, "umin")
             if lane == 0:
                 bounds[warp] = high
-                bounds[WARPS + warp] = low
+                bounds[self.warps + warp] = low
         cute.arch.sync_threads()
         if tid < 32:
             found = t
@@ -205,9 +215,10 @@ class ShortRowTopk:
                 found, take = self.rank(tail, need, lane)
                 found = Uint32(found)
             else:
-                found = Uint32(cute.arch.warp_redux_sync(bounds[lane % WARPS], "umax"))
-                take = cutlass.select_(cute.arch.warp_redux_sync(bounds[WARPS + lane % WARPS], "umin") == found,
-                                       need, Int32(-1))
+                mine = lane % self.warps
+                found = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
+                low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
+                take = cutlass.select_(low == found, need, Int32(-1))
             if lane == 0:
                 info[DIGIT] = Int32(found)
                 info[ABOVE] = take
@@ -266,7 +277,7 @@ class ShortRowTopk:
         then clears for the next digit (it is their only reader)."""
         b = tid % BINS
         q = tid // BINS
-        per = 32 // PARTS
+        per = 32 // self.parts
         total = Int32(0)
         for c in cutlass.range_constexpr(per):
             at = (q * per + c) * COPY + b
@@ -277,7 +288,7 @@ class ShortRowTopk:
     @cute.jit
     def bin_count(self, parts: cute.Tensor, b: Int32) -> Int32:
         total = Int32(0)
-        for q in cutlass.range_constexpr(PARTS):
+        for q in cutlass.range_constexpr(self.parts):
             total = total + parts[q * BINS + b]
         return total
 
@@ -296,7 +307,7 @@ class ShortRowTopk:
         if lane == 0:
             warp_sums[warp] = counts
         cute.arch.sync_threads()
-        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % WARPS], Int32(0)), "add")
+        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
         width = out.shape[1]
@@ -316,18 +327,20 @@ class ShortRowTopk:
 
 
 def catalog(target) -> list[tuple]:
-    """One build per score dtype, while the path is opted into (``SHORT_ROWS``), as a programmatic
-    dependent where ``pdl.enabled()`` says so."""
-    return [(source, pdl.enabled()) for source in TOPK_SCORES] if SHORT_ROWS else []
+    """Two builds (THREADS, HALF) per score dtype, while the path is opted into (``SHORT_ROWS``), as
+    programmatic dependents where ``pdl.enabled()`` says so."""
+    if not SHORT_ROWS:
+        return []
+    return [(source, pdl.enabled(), threads) for source in TOPK_SCORES for threads in (THREADS, HALF)]
 
 
 @cached_kernel("topk_short_row", catalog)
-def compiled(source: torch.dtype, pdl: bool = False):
-    """The short-row select for one score dtype, from fake tensors (no GPU needed)."""
+def compiled(source: torch.dtype, pdl: bool = False, threads: int = THREADS):
+    """The short-row select for one score dtype in CTAs of ``threads``, from fake tensors (no GPU needed)."""
     rows, width = cute.sym_int(), cute.sym_int()
     src = fake_tensor(cute_type(source), (rows, width), (cute.sym_int64(), 1))
     lengths = fake_tensor(Int32, (rows,), (1,))
     starts = fake_tensor(Int32, (rows,), (1,))
     out = fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
-    return cute.compile(ShortRowTopk(source, pdl), src, lengths, starts, Int32(0), Int32(0), Int32(1), out,
+    return cute.compile(ShortRowTopk(source, pdl, threads), src, lengths, starts, Int32(0), Int32(0), Int32(1), out,
                         fake_stream(), options="--enable-tvm-ffi")
