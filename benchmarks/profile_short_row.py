@@ -14,11 +14,8 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
 from harness import Table, graph_us, parser, rotation
-from torch_sparse_decode.dtypes import cute_type
-from torch_sparse_decode.kernels.compile import fake_stream, fake_tensor
-from torch_sparse_decode.kernels.topk import short_row
+from torch_sparse_decode.kernels.topk import short_digits, short_row
 
 K = 2048
 
@@ -38,12 +35,12 @@ class NoScan(short_row.ShortRowTopk):
 
     @cute.jit
     def digit_round(self, keys, run, t, need, k, p: cutlass.Constexpr[int], hist, parts, info, tid):
-        shift = 32 - short_row.RADIX * (p + 1)
+        shift = 32 - short_digits.RADIX * (p + 1)
         self.count(keys, run, t, p, shift, hist, tid)
         cute.arch.sync_threads()
         self.sum_copies(hist, parts, tid)
         cute.arch.sync_threads()
-        return t | (cutlass.Uint32(short_row.BINS // 2) << cutlass.Uint32(shift)), need
+        return t | (cutlass.Uint32(short_digits.BINS // 2) << cutlass.Uint32(shift)), need
 
 
 def variant(digits: int, tail_digits: int | None = None):
@@ -63,12 +60,7 @@ CUTS = {"whole": short_row.ShortRowTopk, "no tail": variant(4, 4), "no count": N
 
 
 def build(cls, dtype):
-    rows, width = cute.sym_int(), cute.sym_int()
-    src = fake_tensor(cute_type(dtype), (rows, width), (cute.sym_int64(), 1))
-    lengths, starts = (fake_tensor(Int32, (rows,), (1,)) for _ in range(2))
-    out = fake_tensor(Int32, (cute.sym_int(), cute.sym_int()), (cute.sym_int64(), 1))
-    return cute.compile(cls(dtype), src, lengths, starts, Int32(0), Int32(0), Int32(1), out, fake_stream(),
-                        options="--enable-tvm-ffi")
+    return short_row.build(cls(dtype), dtype)
 
 
 def main() -> None:
@@ -86,7 +78,8 @@ def main() -> None:
             sets = rotation(make, rows * width * 4)
             out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
             times = [graph_us(lambda i, f=f: f(sets[i % len(sets)][0], sets[i % len(sets)][1],
-                                               sets[i % len(sets)][1], 0, width, K, out))
+                                               sets[i % len(sets)][1], 0, width, 1, K, out, out, out, 0,
+                                               sets[i % len(sets)][0], 0))
                      for f in kernels.values()]
             table.add(f"{rows}x{width >> 10}K", kind, *times)
     table.emit(args.results)

@@ -148,20 +148,22 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                 got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 64, row_starts=starts.cuda())
                 expect(f"{switch} windows 6x{width}", got,
                        oracle.windowed(oracle.topk_tokens, x, starts, lengths, 64))
-                if module is count_select:  # its fused outputs, and the DCP pack's ord16 keys
-                    from torch_sparse_decode.kernels.topk import launch
-                    from torch_sparse_decode.ops.indexer_topk_fused.reference import indexer_topk_fused
+                # the fused outputs, block keys and the DCP pack's ord16 keys
+                from torch_sparse_decode.kernels.topk import launch
+                from torch_sparse_decode.ops.indexer_topk_fused.reference import indexer_topk_fused
 
-                    table = torch.randint(0, 1 << 16, (6, -(-width // 64)), generator=gen, dtype=torch.int32)
-                    got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), 64, page_table=table.cuda(), page_size=64,
-                                                 ids=True, values=True)
-                    want = [torch.empty(6, 64, dtype=torch.int32) for _ in range(2)] + [torch.empty(6, 64)]
-                    indexer_topk_fused(x, lengths, 64, *want, table, 64)
-                    for name, g, w in zip(("slots", "ids", "values"), got, want):
-                        expect(f"{switch} fused {name} 6x{width}", g.view(torch.int32), w.view(torch.int32))
-                    ids = torch.empty(6, 2048, dtype=torch.int32, device="cuda")
-                    launch.select_ord16(x.cuda(), lengths.cuda(), 2048, ids)
-                    expect(f"{switch} ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
+                table = torch.randint(0, 1 << 16, (6, -(-width // 64)), generator=gen, dtype=torch.int32)
+                got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), 64, page_table=table.cuda(), page_size=64,
+                                             ids=True, values=True)
+                want = [torch.empty(6, 64, dtype=torch.int32) for _ in range(2)] + [torch.empty(6, 64)]
+                indexer_topk_fused(x, lengths, 64, *want, table, 64)
+                for name, g, w in zip(("slots", "ids", "values"), got, want):
+                    expect(f"{switch} fused {name} 6x{width}", g.view(torch.int32), w.view(torch.int32))
+                ids = torch.empty(6, 2048, dtype=torch.int32, device="cuda")
+                launch.select_ord16(x.cuda(), lengths.cuda(), 2048, ids)
+                expect(f"{switch} ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
+                blocks = tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), 8, 64)
+                expect(f"{switch} blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
             if module is short_row:  # HALF-thread CTAs (more rows than SMs), and each way to settle t early
                 from test_short_row import settling_rows
 

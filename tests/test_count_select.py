@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import oracle
+import select_checks
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
 from test_indexer_topk import window_edges
@@ -96,25 +97,6 @@ def test_windows_and_unaligned_rows(switched_on, device, kind, k):
     check(x, ends, k, device, starts)
 
 
-def check_blocks(x, lengths, block, k, device, starts=None):
-    """Block selection through the path (the block-key pass, then the count select: on the CPU both
-    in the interpreter; on the GPU through ``select_candidate_blocks``) against the oracle."""
-    out = poisoned((x.shape[0], k), torch.int32, device)
-    if device == "cpu":
-        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
-
-        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30, starts=starts)
-        count_select.count_select(keys, lengths, starts, x.shape[1], k - 1, out, block, pinned=True)
-    else:
-        tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), block, k, out=out,
-                                    row_starts=None if starts is None else starts.cuda())
-    if starts is None:
-        want = oracle.candidate_blocks(x.float(), lengths, block, k)
-    else:
-        want = oracle.windowed(oracle.candidate_blocks, x.float(), starts, lengths, block, k)
-    assert torch.equal(out.cpu(), want)
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "relu_zeros", "nan_mixed", "all_nan",
                                   "inf_mixed", "signed_zeros"])
@@ -125,7 +107,8 @@ def test_block_keys_with_the_pinned_block(switched_on, device, kind, block, k):
     lengths = torch.tensor(sorted({min(max(v * block, 0), width) for v in
                                    (0, 1, 2, k - 1, k, k + 1, k + 2, keys // 2, keys - 1, keys)} | {width - 3}),
                            dtype=torch.int32)
-    check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k, device)
+    select_checks.check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k, device,
+                               cpu=count_select.count_select)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -136,7 +119,7 @@ def test_block_keys_in_windows(switched_on, device, k):
     x = scores("few_distinct", (starts.numel(), width), seed=k)
     col = torch.arange(width)
     x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
-    check_blocks(x, ends, 8, k, device, starts)
+    select_checks.check_blocks(x, ends, 8, k, device, starts, cpu=count_select.count_select)
 
 
 @pytest.mark.gpu
@@ -162,34 +145,6 @@ def test_in_a_cuda_graph(switched_on):
     assert replay_matches(graphed, fresh, lambda s, n: oracle.topk_tokens(s.cpu(), n.cpu(), 2048)) == 4
 
 
-def check_fused(x, lengths, k, device, page, raw, values, starts=None):
-    """The fused outputs (the KV slots through a page table where ``page`` > 0, the raw ids, the
-    values) of the path (the kernel itself on the CPU, ``indexer_topk_fused`` on the GPU) against
-    the op's reference; ``page`` 0: ``out`` holds the ids."""
-    from torch_sparse_decode.ops.indexer_topk_fused import reference
-
-    rows = x.shape[0]
-    entries = -(-x.shape[1] // max(page, 1))
-    gen = torch.Generator().manual_seed(k)
-    table = torch.randint(0, 1 << 20, (rows, entries), generator=gen, dtype=torch.int32) if page else None
-    want = [torch.empty(rows, k, dtype=torch.int32) for _ in range(2)] + [torch.empty(rows, k, dtype=x.dtype)]
-    reference.indexer_topk_fused(x, lengths, k, want[0], want[1], want[2], table, page, starts)
-    if device == "cpu":
-        got = [poisoned((rows, k), torch.int32, device) for _ in range(2)] + [poisoned((rows, k), x.dtype, device)]
-        count_select.count_select(x, lengths, starts, x.shape[1], k, got[0], table=table, page=page,
-                                  raw=got[1] if raw else None, values=got[2] if values else None)
-    else:
-        got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), k, page_table=None if table is None else table.cuda(),
-                                     page_size=page, ids=raw, values=values,
-                                     row_starts=None if starts is None else starts.cuda())
-    assert torch.equal(got[0].cpu(), want[0])
-    if raw:
-        assert torch.equal(got[1].cpu(), want[1])
-    if values:
-        bits = torch.int32 if x.dtype == torch.float32 else torch.int16
-        assert torch.equal(got[2].cpu().view(bits), want[2].view(bits))
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed", "signed_zeros"])
@@ -199,7 +154,8 @@ def test_fused_outputs(switched_on, device, dtype, kind, page, raw, values):
     -1, -1 and -inf padding; rows of at most k keys read for their values."""
     k = 300
     lengths = edge_lengths(k, 4000)
-    check_fused(scores(kind, (lengths.numel(), 4000), seed=7).to(dtype), lengths, k, device, page, raw, values)
+    x = scores(kind, (lengths.numel(), 4000), seed=7).to(dtype)
+    select_checks.check_fused(x, lengths, k, device, page, raw, values, cpu=count_select.count_select)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -207,33 +163,13 @@ def test_fused_outputs_in_windows(switched_on, device):
     width = 6000
     starts, ends = window_edges(64, width)
     x = scores("few_distinct", (starts.numel(), width), seed=2)
-    check_fused(x, ends, 64, device, 32, True, True, starts)
+    select_checks.check_fused(x, ends, 64, device, 32, True, True, starts, cpu=count_select.count_select)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [1, 100])
 def test_fused_block_table(switched_on, device, k):
-    """select_candidate_blocks_fused's path: block ids through the block table (page 1), the pinned
-    newest block too, and the raw block ids."""
-    from torch_sparse_decode.ops.indexer_topk_fused.reference import selected_outputs
-
-    block, width = 8, 8 * 3000
-    lengths = edge_lengths(k * block, width)
-    x = scores("few_distinct", (lengths.numel(), width), seed=k)
-    table = torch.randperm(1 << 16, generator=torch.Generator().manual_seed(1))[:lengths.numel() * 3000]
-    table = table.view(lengths.numel(), 3000).int()
-    want = [torch.empty(lengths.numel(), k, dtype=torch.int32) for _ in range(2)]
-    selected_outputs(oracle.candidate_blocks(x, lengths, block, k), x, table, 1, want[0], want[1], None)
-    if device == "cpu":
-        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
-
-        got = [poisoned((lengths.numel(), k), torch.int32, device) for _ in range(2)]
-        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30)
-        count_select.count_select(keys, lengths, None, width, k - 1, got[0], block, pinned=True, table=table, page=1,
-                                  raw=got[1])
-    else:
-        got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)
-    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    select_checks.check_fused_block_table(k, device, cpu=count_select.count_select)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -241,16 +177,4 @@ def test_fused_block_table(switched_on, device, k):
 @pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "signed_zeros", "inf_mixed"])
 @pytest.mark.parametrize("k,width", [(2048, 8192), (1024, COUNT_MAX), (64, 300)])
 def test_ord16_keys(switched_on, device, dtype, kind, k, width):
-    """The DCP pack's local select: scores ranked by their bf16 ord16 (fp32 rounded to nearest
-    even), ties to the lower id, ids ascending (the pack's reference); on the GPU through the
-    engine's entry, which the pack calls."""
-    from dcp_cases import ascending_local_topk
-
-    lengths = edge_lengths(k, width)
-    x = scores(kind, (lengths.numel(), width), seed=k).to(dtype)
-    out = poisoned((x.shape[0], k), torch.int32, device)
-    if device == "cpu":
-        count_select.count_select(x, lengths, None, width, k, out, ord16=True)
-    else:
-        launch.select_ord16(x.cuda(), lengths.cuda(), k, out)
-    assert torch.equal(out.cpu(), ascending_local_topk(x, lengths, k))
+    select_checks.check_ord16(dtype, kind, k, width, device, cpu=count_select.count_select)

@@ -1,8 +1,9 @@
 """The one-CTA short-row select (kernels/topk/short_row.py), opted into with
 TORCH_SPARSE_DECODE_SHORT_ROWS=1 until it is faster than the engine: which batches take it and that it
 compiles and fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a
-thread's run of keys and of the switch, in every score dtype, windowed, in a CUDA graph, and
-the same ids as the engine on the same rows."""
+thread's run of keys and of the switch, in every score dtype, windowed, in a CUDA graph, the
+same ids as the engine on the same rows, and for every other user of the engine (block keys
+with the pinned block, the fused outputs, the DCP pack's ord16 keys: ``select_checks``)."""
 
 import os
 
@@ -10,11 +11,12 @@ import pytest
 import torch
 
 import oracle
+import select_checks
 import torch_sparse_decode as tsd
 from inputs import KINDS, poisoned, scores
 from test_indexer_topk import window_edges
 from test_kernels_compile import SM90_SM_SMEM, SM90_SMEM, compiled_smem_bytes
-from torch_sparse_decode.dtypes import TOPK_SCORES
+from torch_sparse_decode.dtypes import DCP_SCORES, TOPK_SCORES
 from torch_sparse_decode.kernels.topk import count_select, launch, short_row
 
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
@@ -28,11 +30,12 @@ def short_rows(monkeypatch):
     monkeypatch.setattr(count_select, "COUNT_SELECT", False)
 
 
-@pytest.mark.parametrize("dtype", TOPK_SCORES)
+@pytest.mark.parametrize("source", [torch.float32, torch.int32])
 @pytest.mark.parametrize("threads", [short_row.THREADS, short_row.HALF])
-def test_compiles_and_fits_sm90(dtype, threads):
-    """A CTA fits; two HALF CTAs fit one SM (their point: one's barriers under the other's work)."""
-    used = compiled_smem_bytes(short_row.compiled, dtype, False, threads)
+def test_compiles_and_fits_sm90(source, threads):
+    """The widest builds (fused: the staged ids) fit a CTA; two HALF CTAs fit one SM (their point:
+    one's barriers under the other's work)."""
+    used = compiled_smem_bytes(short_row.compiled, source, False, threads, False, True)
     assert used <= SM90_SMEM
     if threads == short_row.HALF:
         assert 2 * (used + 1024) <= SM90_SM_SMEM  # the driver reserves 1 KiB a CTA
@@ -52,7 +55,7 @@ def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
     for rows in (4, 5):
         launch.select(torch.zeros(rows, 100), torch.zeros(rows, dtype=torch.int32), 100, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
-    assert [c[-1] for c in configs] == [full, half]
+    assert [c[2] for c in configs] == [full, half]  # (source, pdl, threads, ord16, fused)
 
 
 def test_off_by_default_and_then_not_built(monkeypatch):
@@ -62,8 +65,12 @@ def test_off_by_default_and_then_not_built(monkeypatch):
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert short_row.catalog(None) == []
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    assert short_row.catalog(None) == [(dtype, pdl.enabled(), threads) for dtype in TOPK_SCORES
-                                       for threads in (short_row.THREADS, short_row.HALF)]
+    built = short_row.catalog(None)
+    widths = (short_row.THREADS, short_row.HALF)
+    for source in (*TOPK_SCORES, torch.int32):  # scores and block keys, fused or not; the DCP pack's ord16 keys
+        assert {(source, pdl.enabled(), w, False, f) for w in widths for f in (False, True)} <= set(built)
+    assert {(source, pdl.enabled(), w, True, False) for source in DCP_SCORES for w in widths} <= set(built)
+    assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
 
 
 def routed(taken: list):
@@ -95,7 +102,8 @@ def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False, 
 
 
 def test_which_batches_take_it(monkeypatch):
-    """Score rows of at most SHORT_MAX columns, ids alone; everything else takes the engine."""
+    """Rows of at most SHORT_MAX scores or block keys, with or without the fused outputs, and the
+    DCP pack's ord16 keys; wider batches take the engine."""
     monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append("short"))
@@ -105,7 +113,12 @@ def test_which_batches_take_it(monkeypatch):
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert batch(SHORT_MAX) == "engine"  # not opted into
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    assert_takes_score_rows(batch, "short", SHORT_MAX)
+    assert_takes_score_rows(batch, "short", SHORT_MAX, fused=True, ord16=True)
+    assert batch(100, torch.float16, ord16=True) == "engine"  # ord16 keys of the DCP pack's scores only
+    for blocks, path in ((SHORT_MAX, "short"), (SHORT_MAX + 1, "engine")):  # block keys, the newest block pinned
+        launch.select(torch.zeros(2, blocks, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), 8 * blocks, 8, 4,
+                      torch.empty(2, 5, dtype=torch.int32), pinned=True)
+        assert taken[-1] == path
 
 
 def edge_lengths(k: int, width: int, threads: int = THREADS) -> torch.Tensor:
@@ -223,6 +236,64 @@ def test_half_width_ctas(short_rows, dtype):
     x = torch.cat([scores(kind, (each, width), seed=i) for i, kind in enumerate(KINDS)])[:rows]
     assert short_row.threads_for(rows, width, launch.sm_count(torch.device("cuda"))) == short_row.HALF
     check(x.to(dtype), lengths, 2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "all_nan", "signed_zeros"])
+@pytest.mark.parametrize("block,k", [(8, 2048), (8, 1), (64, 256), (1, 512), (3, 100)])
+def test_block_keys_with_the_pinned_block(short_rows, kind, block, k):
+    """select_candidate_blocks: the block-key pass, then this path; the newest block after the
+    best k - 1 of the others; rows at k's edges (kept without a read) and the width's."""
+    width = min(SHORT_MAX * block, 1 << 17) - 5
+    keys = -(-width // block)
+    lengths = torch.tensor(sorted({min(max(v * block, 0), width) for v in
+                                   (0, 1, 2, k - 1, k, k + 1, k + 2, keys // 2, keys - 1, keys)} | {width - 3}),
+                           dtype=torch.int32)
+    select_checks.check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 64, 2048])
+def test_block_keys_in_windows(short_rows, k):
+    width = 8 * SHORT_MAX - 40
+    starts, ends = window_edges(k * 8, width)
+    x = scores("few_distinct", (starts.numel(), width), seed=k)
+    col = torch.arange(width)
+    x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
+    select_checks.check_blocks(x, ends, 8, k, "cuda", starts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", TOPK_SCORES)
+@pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed", "signed_zeros"])
+@pytest.mark.parametrize("page,raw,values", [(64, True, True), (1, False, True), (0, False, True), (16, True, False)])
+def test_fused_outputs(short_rows, dtype, kind, page, raw, values):
+    """indexer_topk_fused: slots through the page table, raw ids and the values (the scores' own
+    bits: NaN, -0.0), with -1, -1 and -inf padding; rows of at most k keys read for their values."""
+    lengths = edge_lengths(300, 4000)
+    x = scores(kind, (lengths.numel(), 4000), seed=7).to(dtype)
+    select_checks.check_fused(x, lengths, 300, "cuda", page, raw, values)
+
+
+@pytest.mark.gpu
+def test_fused_outputs_in_windows(short_rows):
+    starts, ends = window_edges(64, 6000)
+    select_checks.check_fused(scores("few_distinct", (starts.numel(), 6000), seed=2), ends, 64, "cuda", 32, True, True,
+                              starts)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [1, 100, 2048])
+def test_fused_block_table(short_rows, k):
+    select_checks.check_fused_block_table(k, "cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DCP_SCORES)
+@pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "signed_zeros", "inf_mixed"])
+@pytest.mark.parametrize("k,width", [(2048, 8192), (1024, SHORT_MAX), (64, 300)])
+def test_ord16_keys(short_rows, dtype, kind, k, width):
+    select_checks.check_ord16(dtype, kind, k, width, "cuda")
 
 
 @pytest.mark.gpu

@@ -6,6 +6,7 @@ import functools
 
 import torch
 
+from ...dtypes import BLOCK_KEYS, DCP_SCORES, TOPK_SCORES
 from .. import pdl
 from . import count_select, short_row
 from .engine import compiled
@@ -42,11 +43,16 @@ def _none(like: torch.Tensor) -> torch.Tensor:
     return _NONE[key]
 
 
-def takes_short_row(src: torch.Tensor, cols: int, pinned: bool, ord16: bool, fused: bool) -> bool:
+def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
     """Whether a batch takes the one-CTA short-row select (opted into with ``short_row.SHORT_ROWS``):
-    score rows of at most SHORT_MAX columns, ids alone. A shape test, the same in every replay."""
-    return (short_row.SHORT_ROWS and cols <= short_row.SHORT_MAX and src.dtype in short_row.DIGIT_ROUNDS
-            and not (pinned or ord16 or fused))
+    rows of at most SHORT_MAX key columns of scores (ranked by their bits, or by their ord16 where
+    the DCP pack's scores) or block keys (``pinned``), with or without the fused outputs. A shape
+    test, the same in every replay."""
+    if not short_row.SHORT_ROWS or src.shape[1] > short_row.SHORT_MAX:
+        return False
+    if pinned:
+        return src.dtype is BLOCK_KEYS
+    return src.dtype in (DCP_SCORES if ord16 else TOPK_SCORES)
 
 
 def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
@@ -67,16 +73,16 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
         count_select.count_select(src, lengths, starts, cols, k_sel, out, block, pinned, pdl.enabled(), table, page,
                                   raw, values, ord16)
         return
-    if takes_short_row(src, cols, pinned, ord16, fused):
-        threads = short_row.threads_for(rows, cols, sm_count(src.device))
-        short_row.compiled(src.dtype, pdl.enabled(), threads)(src, lengths, starts if windowed else lengths,
-                                                              int(windowed), cols, k_sel, out)
+    outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
+               _none(src) if values is None else values, want)  # stand-ins where absent: never read
+    if takes_short_row(src, pinned, ord16):
+        threads = short_row.threads_for(rows, src.shape[1], sm_count(src.device))
+        short_row.compiled(src.dtype, pdl.enabled(), threads, ord16, fused)(
+            src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=pdl.enabled())(
-        src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out,
-        _none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
-        _none(src) if values is None else values, want)
+        src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
 
 
 def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:

@@ -41,6 +41,30 @@ class Staging(NamedTuple):
     base: Int32
 
 
+@cute.jit
+def emit(o: Outputs, src: cute.Tensor, row: Int32, first: Int32, at: Int32, id: Int32, fused: cutlass.Constexpr[bool],
+         pinned: cutlass.Constexpr[bool]):
+    """Output slot ``at`` of the row: ``id`` (-1: padding, which maps to -1 and the value -inf)
+    and, in a ``fused`` build, what ``o`` asks beside it (values: of token sources, not ``pinned``
+    block keys). ``first``: the window's start in ``src``. For the short stretches (keep_all,
+    padding; the short-row select's every id); the engine's kept ids go through ``flush``."""
+    if cutlass.const_expr(not fused):
+        o.out[row, at] = id
+    else:
+        mapped = id
+        if (o.page > 0) & (id >= 0):
+            mapped = o.table[row, id // o.page] * o.page + id % o.page
+        o.out[row, at] = mapped
+        if (o.want & 1) != 0:
+            o.raw[row, at] = id
+        if cutlass.const_expr(not pinned):
+            if (o.want & 2) != 0:
+                value = Float32(-Float32.inf).to(o.values.element_type)
+                if id >= 0:
+                    value = src[row, first + id]
+                o.values[row, at] = value
+
+
 class Output:
     """Writing the selected ids (a mixin of ``RadixTopk``: ``ctas``, ``pinned``, ``fused``)."""
 
@@ -167,24 +191,8 @@ class Output:
 
     @cute.jit
     def emit(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, at: Int32, id: Int32):
-        """Output slot ``at`` of the row: ``id`` (-1: padding, which maps to -1 and the value
-        -inf) and what ``o`` asks beside it in a fused build. ``first``: the window's start in
-        ``src``. For the short stretches (keep_all, padding); kept ids go through ``flush``."""
-        if cutlass.const_expr(not self.fused):
-            o.out[row, at] = id
-        else:
-            mapped = id
-            if (o.page > 0) & (id >= 0):
-                mapped = o.table[row, id // o.page] * o.page + id % o.page
-            o.out[row, at] = mapped
-            if (o.want & 1) != 0:
-                o.raw[row, at] = id
-            if cutlass.const_expr(not self.pinned):
-                if (o.want & 2) != 0:
-                    value = Float32(-Float32.inf).to(o.values.element_type)
-                    if id >= 0:
-                        value = src[row, first + id]
-                    o.values[row, at] = value
+        """``emit`` of this build (fused or not, block keys or scores)."""
+        emit(o, src, row, first, at, id, self.fused, self.pinned)
 
     @cute.jit
     def keep_all(self, o: Outputs, src: cute.Tensor, row: Int32, first: Int32, first_id: Int32, count: Int32,

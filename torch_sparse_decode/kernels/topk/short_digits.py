@@ -1,0 +1,194 @@
+"""The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
+of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``).
+
+- One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
+  that match the digits found so far, kept once per lane (a lane's copy COPY words apart: a
+  warp never adds to one address or bank twice), so rows of one or few values cost no more than
+  random ones; the CTA sums the copies and one warp scans the bins from the top: three barriers
+  a digit.
+- Settling early: from TAIL_DIGITS digits on, the bin that holds t is settled without the
+  remaining rounds where it can be: a bin of at most TAIL keys (randn rows of 8K-16K: ~10-70) is
+  gathered into shared memory and one warp ranks it; a longer one whose keys are all equal
+  (all-equal, few-valued and ReLU'd rows) is t. Others take the rounds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32
+
+from ..cute import scan_from_top
+
+PER = 16  # keys a thread holds at most
+# Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
+# all 0 (non-negative scores) or all 1 (negative ones: ordered_key flips them); block keys use all 32.
+DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2, torch.int32: 4}
+RADIX = 8
+BINS = 1 << RADIX
+COPY = BINS + 1  # words per lane's histogram copy: the copies' same bins fall in distinct banks
+# info words: scan_from_top's digit found and the keys in the bins above it (word 2 is its need); settle's verdict
+DIGIT, ABOVE, _, SETTLED = range(4)
+# From TAIL_DIGITS digits on, a bin that is short (at most TAIL keys; randn 8K: ~10, 16K: ~30) is
+# ranked by one warp, and one whose keys are all equal (tie-heavy rows) gives t at once: either
+# settles t without the remaining rounds (each ~three barriers and a one-warp scan).
+TAIL_DIGITS = 2
+TAIL = 128
+GATHERED = TAIL  # the tail list's word that counts the keys gathered into it
+
+
+class ShortDigits:
+    """Finding t (see the module docstring)."""
+
+    @cute.jit
+    def threshold(self, keys: cute.Tensor, run: Int32, k: Int32, hist: cute.Tensor, parts: cute.Tensor,
+                  info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
+        """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
+        need = k
+        t = Uint32(0)
+        settled = Int32(0)  # t is known: the remaining rounds are skipped (CTA-uniform)
+        for p in cutlass.range_constexpr(self.rounds):
+            if cutlass.const_expr(p < self.tail_digits):
+                t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+            else:
+                if settled == 0:
+                    t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+            if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
+                if settled == 0:
+                    found, need, settled = self.settle(keys, run, t, need, p, parts, info, tail, bounds, tid)
+                    t = Uint32(found)
+        low = 32 - RADIX * self.rounds
+        if cutlass.const_expr(low > 0 and self.fill):  # a widened bf16 / fp16 key's low bits follow from its sign
+            fill = Uint32((1 << low) - 1)
+            t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
+        return t, need
+
+    @cute.jit
+    def digit_round(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, k: Int32,
+                    p: cutlass.Constexpr[int], hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor, tid: Int32):
+        """(t, need) with digit p found: its bin's keys hold the need-th largest."""
+        shift = 32 - RADIX * (p + 1)
+        self.count(keys, run, t, p, shift, hist, tid)
+        cute.arch.sync_threads()
+        self.sum_copies(hist, parts, tid)
+        cute.arch.sync_threads()
+        if tid < 32:  # one warp: bin b's count summed over the copies' groups
+            scan_from_top(lambda b: self.bin_count(parts, b), need, k, info, tid)
+        cute.arch.sync_threads()
+        return t | (Uint32(info[DIGIT]) << Uint32(shift)), need - info[ABOVE]
+
+    @cute.jit
+    def settle(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, p: cutlass.Constexpr[int],
+               parts: cute.Tensor, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
+        """(t, need, settled) after digit p, from the bin of keys whose digits are t's so far: a
+        short bin is gathered into ``tail`` and one warp ranks it; a long one's bounds are found,
+        and if they meet, t is its one key."""
+        shift = 32 - RADIX * (p + 1)
+        m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
+        lane, warp = tid % 32, tid // 32
+        if m <= TAIL:
+            for i in cutlass.range_constexpr(PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        tail[Int32(cute.arch.atomic_add(tail.iterator + GATHERED, Uint32(1)))] = key
+        else:
+            high = Uint32(0)
+            low = Uint32(0xFFFFFFFF)
+            for i in cutlass.range_constexpr(PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        high = max(high, key)
+                        low = min(low, key)
+            high = cute.arch.warp_redux_sync(high, "umax")
+            low = cute.arch.warp_redux_sync(low, "umin")
+            if lane == 0:
+                bounds[warp] = high
+                bounds[self.warps + warp] = low
+        cute.arch.sync_threads()
+        if tid < 32:
+            found = t
+            take = need
+            if m <= TAIL:
+                found, take = self.rank(tail, need, lane)
+                found = Uint32(found)
+            else:
+                mine = lane % self.warps
+                found = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
+                low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
+                take = cutlass.select_(low == found, need, Int32(-1))
+            if lane == 0:
+                info[DIGIT] = Int32(found)
+                info[ABOVE] = take
+                info[SETTLED] = cutlass.select_(take >= 0, Int32(1), Int32(0))
+        cute.arch.sync_threads()
+        settled = info[SETTLED]
+        t = cutlass.select_(settled != 0, Uint32(info[DIGIT]), t)
+        return t, cutlass.select_(settled != 0, info[ABOVE], need), settled
+
+    @cute.jit
+    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32):
+        """(t, take) among the m <= TAIL keys gathered into ``tail`` (one warp): t is the largest key
+        x with at least need of them >= x, and take is need less the keys > t."""
+        m = Int32(tail[GATHERED])
+        held = cute.make_rmem_tensor(TAIL // 32, Uint32)  # lane l: keys l, l + 32, ...; 0 past m
+        at_least = cute.make_rmem_tensor(TAIL // 32, Int32)
+        for h in cutlass.range_constexpr(TAIL // 32):
+            held[h] = Uint32(0)
+            at_least[h] = Int32(0)
+            if lane + 32 * h < m:
+                held[h] = tail[lane + 32 * h]
+        for j in range(m):
+            v = tail[j]
+            for h in cutlass.range_constexpr(TAIL // 32):
+                at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
+        best = Uint32(0)  # a held 0 has all m >= it, and loses to every key
+        for h in cutlass.range_constexpr(TAIL // 32):
+            best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
+        best = cute.arch.warp_redux_sync(best, "umax")
+        above = Int32(0)
+        for h in cutlass.range_constexpr(TAIL // 32):
+            above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
+        return best, need - cute.arch.warp_redux_sync(above, "add")
+
+    @cute.jit
+    def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],
+              shift: cutlass.Constexpr[int], hist: cute.Tensor, tid: Int32):
+        """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
+        one atomic a key. (Adding a run of equal digits at once cost more in branches than it saved
+        in atomics, and one histogram per warp with match.any more still: H200, 1 x 8K, 14.7 and
+        16.5 us against 12.1.) Keys past the run are skipped by a branch the whole CTA takes alike."""
+        copy = (tid % 32) * COPY
+        for i in cutlass.range_constexpr(PER):
+            if run > i:
+                key = keys[i]
+                live = key != Uint32(0)
+                if cutlass.const_expr(p > 0):
+                    live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
+                if live:
+                    cute.arch.atomic_add(hist.iterator + (copy + Int32((key >> Uint32(shift)) & Uint32(BINS - 1))),
+                                         Int32(1))
+
+    @cute.jit
+    def sum_copies(self, hist: cute.Tensor, parts: cute.Tensor, tid: Int32):
+        """parts[q * BINS + b]: bin b summed over the q-th group of lane copies, which this thread
+        then clears for the next digit (it is their only reader)."""
+        b = tid % BINS
+        q = tid // BINS
+        per = 32 // self.parts
+        total = Int32(0)
+        for c in cutlass.range_constexpr(per):
+            at = (q * per + c) * COPY + b
+            total = total + hist[at]
+            hist[at] = Int32(0)
+        parts[q * BINS + b] = total
+
+    @cute.jit
+    def bin_count(self, parts: cute.Tensor, b: Int32) -> Int32:
+        total = Int32(0)
+        for q in cutlass.range_constexpr(self.parts):
+            total = total + parts[q * BINS + b]
+        return total
