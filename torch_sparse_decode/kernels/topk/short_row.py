@@ -159,8 +159,8 @@ class ShortRowTopk(ShortDigits):
                             warp_sums, tid)
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
-                for j in range(tid, k, self.threads):  # n > k: k kept
-                    emit(o, src, row, first, j, staged[j], self.fused, self.pinned)
+                for j in range(tid, k, self.threads):  # n > k: k kept (clamped: memory-safe were one not staged)
+                    emit(o, src, row, first, j, min(max(staged[j], Int32(0)), n - 1), self.fused, self.pinned)
 
     @cute.jit
     def write_kept(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
@@ -182,6 +182,8 @@ class ShortRowTopk(ShortDigits):
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
         width = out.shape[1]
+        if cutlass.const_expr(self.fused):
+            width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
         for i in cutlass.range_constexpr(PER):
             if run > i:
                 above = keys[i] > t
