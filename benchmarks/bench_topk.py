@@ -5,9 +5,9 @@ one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the 
         [--tables main,windows,fused,short]
 
 ``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
-``short``: decode's everyday rows (8K and 16K columns) through the engine, the one-CTA short-row
-path and the count select, switched in the same process, on random, ragged and tie-heavy rows,
-beside what a one-CTA kernel that reads each row and writes k ids (no select) takes.
+``short``: decode's everyday rows (8K and 16K columns) through the engine and the one-CTA
+short-row path, switched in the same process, on random, ragged and tie-heavy rows, beside what a
+one-CTA kernel that reads each row and writes k ids (no select) takes.
 """
 
 from __future__ import annotations
@@ -138,9 +138,8 @@ SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 
 
 def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     """indexer_topk on ``kind`` rows (randn at full length, randn at ragged lengths, four values)
-    through the engine, the short-row path and the count select (8 keys a thread, and 16 on half
-    the warps), beside torch.topk."""
-    from torch_sparse_decode.kernels.topk import count_select, short_row
+    through the engine and the short-row path, beside torch.topk."""
+    from torch_sparse_decode.kernels.topk import short_row
 
     def make(seed: int):
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -156,21 +155,20 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     sets = rotation(make, rows * width * dtype.itemsize)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     topk = torch.ops.sparse_decode.indexer_topk
-    saved, times = (short_row.SHORT_ROWS, count_select.COUNT_SELECT, count_select.KEYS_PER_THREAD), {}
+    saved, times = short_row.SHORT_ROWS, {}
     try:
-        for path, keys in (("engine", 8), ("short", 8), ("count", 8), ("count16", 16)):
-            short_row.SHORT_ROWS, count_select.COUNT_SELECT = path == "short", path.startswith("count")
-            count_select.KEYS_PER_THREAD = keys
+        for path in ("engine", "short"):
+            short_row.SHORT_ROWS = path == "short"
             times[path] = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
     finally:
-        short_row.SHORT_ROWS, count_select.COUNT_SELECT, count_select.KEYS_PER_THREAD = saved
+        short_row.SHORT_ROWS = saved
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
     floor = graph_us(lambda i: launch_read_floor(*sets[i % len(sets)], out))
     bar = SHORT_BARS.get((rows, width))
-    best = min(times["short"], times["count"], times["count16"])
-    table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], times["short"], times["count"],
-              times["count16"], f"{times['engine'] / best:.2f}x", floor, base, bar or "",
-              "" if bar is None else "yes" if best <= bar else "no")
+    short = times["short"]
+    table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], short,
+              f"{times['engine'] / short:.2f}x", floor, base, bar or "",
+              "" if bar is None else "yes" if short <= bar else "no")
 
 
 def main() -> None:
@@ -194,10 +192,8 @@ def main() -> None:
             bench_windows(windows, rows, window, width, bs, align)
         windows.emit(args.results)
     if "short" in tables:
-        short = Table(f"indexer_topk on decode's everyday rows: the engine, the short-row path and the count "
-                      f"select, k={K}",
-                      ["shape", "rows", "engine (us)", "short path (us)", "count select (us)",
-                       "count select, 16 keys a thread (us)", "best speedup",
+        short = Table(f"indexer_topk on decode's everyday rows: the engine and the short-row path, k={K}",
+                      ["shape", "rows", "engine (us)", "short path (us)", "speedup",
                        "read + k ids, no select (us)", "torch.topk (us)", "bar (us)", "meets bar"])
         for rows in (1, 8) if args.quick else (1, 8, 64, 256):
             for width in (8 << 10, 16 << 10):

@@ -80,17 +80,6 @@ def triton_ptx(fn, signature: dict, constexprs: dict, warps: int, aligned: tuple
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
 
 
-def count_select_ptx(width: int) -> tuple[str, int]:
-    """(PTX, warps) of the count select's fp32 build over ``width`` columns, ids alone."""
-    from compile_triton_sm90 import COUNT_SELECT
-    from torch_sparse_decode.kernels.topk import count_select
-
-    constexprs = dict(WINDOWED=False, PINNED=False, BLOCK=width, STEPS=8, KEY_MASK=0xFFFFFFFF, PDL=False,
-                      FUSED=False, ORD16=False)
-    warps = min(width // (32 * count_select.KEYS_PER_THREAD), 32)
-    return triton_ptx(count_select._count_select, COUNT_SELECT, constexprs, warps, aligned=("src",)), warps
-
-
 def route_tiles_ptx() -> tuple[str, int, int]:
     """(PTX, warps, programs) of the tile router at DeepSeek-V3's routing (256 experts, 8 groups, 4
     kept, top 8, sigmoid, renormalized) over ROUTE_TOKENS tokens."""
@@ -113,8 +102,6 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         builds = [(f"short_row {str(dtype).split('.')[1]}, a row", short_row_ptx(dtype), 32, 1)
                   for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))]
-        builds += [(f"count_select fp32, {width >> 10}K, a row", *count_select_ptx(width), 1)
-                   for width in ((8192,) if args.quick else (8192, 16384))]
         if not args.quick:
             builds.append((f"route_tiles DeepSeek-V3, T = {ROUTE_TOKENS}", *route_tiles_ptx()))
         for name, ptx, warps, ctas in builds:

@@ -1,9 +1,8 @@
 """Compile every Triton kernel for SM90 without a GPU: the top-k engine's block keys at every block
 size class and logits dtype, the decode row lengths, and the DCP B' row writer (fp32 and bf16
 scores) and merge (plain and symmetric-memory exchange) at the decode shapes, and each kernel
-that takes the PDL switch (block keys, pack, count select, tile routing, the split router GEMM at
-the decode shapes; the count select fused, on ord16 keys and on block keys too) plain and as a
-programmatic dependent, which alone waits for the grid before. Run as a script
+that takes the PDL switch (block keys, pack, tile routing, the split router GEMM at the decode
+shapes) plain and as a programmatic dependent, which alone waits for the grid before. Run as a script
 (the test runs it in a subprocess without TRITON_INTERPRET, which would replace the kernels by
 interpreted ones). Prints one line per configuration.
 
@@ -52,10 +51,6 @@ def build(fn, signature, constexprs, aligned: tuple = (), warps: int = 8) -> Non
     return compiled
 
 
-COUNT_SELECT = dict(src="*fp32", src_stride="i64", lengths="*i32", starts="*i32", cols="i32", block="i32", k="i32",
-                    out="*i32", out_stride="i64", raw="*i32", values="*fp32", table="*i32", table_stride="i64",
-                    page="i32", want="i32", WINDOWED="constexpr", PINNED="constexpr", BLOCK="constexpr",
-                    STEPS="constexpr", KEY_MASK="constexpr", PDL="constexpr", FUSED="constexpr", ORD16="constexpr")
 ROUTE_TILES = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp32", weights="*fp32",
                    weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
                    EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr", SIGMOID="constexpr",
@@ -69,7 +64,6 @@ ROUTER_SPLIT = dict(hidden="*bf16", gate="*bf16", partials="*fp32", logits="*fp3
 def programmatic_dependents() -> int:
     """Each Triton kernel that takes ``kernels/pdl.py``'s switch: its PTX waits for the grid before
     (griddepcontrol.wait) with PDL, and only then."""
-    from torch_sparse_decode.kernels.topk import count_select
     from torch_sparse_decode.ops.moe_gate_route import split
     from torch_sparse_decode.ops.moe_route import tiles
 
@@ -77,15 +71,6 @@ def programmatic_dependents() -> int:
         (blocks._block_keys, BLOCK_KEYS, dict(WINDOWED=False, BLOCK=8, BLOCK_P2=8, BLOCKS=1024, EARLY=True)),
         (dcp_pack.pack_kernel, PACK_ROWS, dict(K=2048, N=1024, R=2048, W=2, SLOTS=2048, EXCHANGE=True,
                                               EARLY_MERGE=True)),
-        (count_select._count_select, COUNT_SELECT, dict(WINDOWED=False, PINNED=False, BLOCK=8192, STEPS=8,
-                                                       KEY_MASK=0xFFFFFFFF, FUSED=False, ORD16=False)),
-        (count_select._count_select, COUNT_SELECT, dict(WINDOWED=True, PINNED=False, BLOCK=16384, STEPS=8,
-                                                       KEY_MASK=0xFFFFFFFF, FUSED=True, ORD16=False)),
-        (count_select._count_select, dict(COUNT_SELECT, src="*bf16"), dict(WINDOWED=False, PINNED=False, BLOCK=4096,
-                                                                          STEPS=4, KEY_MASK=0xFFFF0000, FUSED=False,
-                                                                          ORD16=True)),
-        (count_select._count_select, dict(COUNT_SELECT, src="*i32", values="*i32"),
-         dict(WINDOWED=False, PINNED=True, BLOCK=16384, STEPS=8, KEY_MASK=0xFFFFFFFF, FUSED=True, ORD16=False)),
         (tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True,
                                                RENORMALIZE=True, BLOCK_T=8)),
     ]

@@ -20,7 +20,7 @@ batches of at most 16K columns take the one-CTA short-row path: widths are drawn
 (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the opt-in paths' switches (PDL, the short-row path,
-the count select, the tile routing: each on half the time) and restores them after: every path
+the tile routing: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
@@ -461,12 +461,11 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
 def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
-    from torch_sparse_decode.kernels.topk import count_select
     from torch_sparse_decode.ops.moe_gate_route import split
     from torch_sparse_decode.ops.moe_route import tiles
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (count_select, "COUNT_SELECT", "count_select"), (tiles, "TILES", "route_tiles"),
+            (tiles, "TILES", "route_tiles"),
             (split, "SPLIT", "router_split"))
 
 

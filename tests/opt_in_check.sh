@@ -12,8 +12,7 @@
 #   fuzz         the fuzzer drawing the switches per case (TSD_FUZZ_OPT_IN=1; FUZZ_CASES, 3000)
 #   sanitize     memcheck, then racecheck, over the opt-in paths' sections, every switch on
 #   bench        the short-row table, PDL behind the kernel before, the router front
-#   peer         beside FlashInfer (.device/peer_bench): top-k at the short rows, the CuTe short path off and on
-#                (the count select's static SASS rules it out: bench's short table still times it);
+#   peer         beside FlashInfer (.device/peer_bench): top-k at the short rows, the short-row path off and on;
 #                routing at large T, tiles off and on
 #
 # Each step writes ${OUT:-opt_in_logs}/STEP.log, is bounded by STEP_TIMEOUT seconds (540), and
@@ -22,9 +21,9 @@ set -u
 LOGS=${OUT:-opt_in_logs}
 mkdir -p "$LOGS"
 LIMIT=${STEP_TIMEOUT:-540}
-ALL_ON="TORCH_SPARSE_DECODE_PDL=1 TORCH_SPARSE_DECODE_SHORT_ROWS=1 TORCH_SPARSE_DECODE_COUNT_SELECT=1 \
-TORCH_SPARSE_DECODE_ROUTE_TILES=1 TORCH_SPARSE_DECODE_ROUTER_SPLIT=1"
-OPT_IN_TESTS="tests/test_count_select.py tests/test_short_row.py tests/test_moe_route_tiles.py \
+ALL_ON="TORCH_SPARSE_DECODE_PDL=1 TORCH_SPARSE_DECODE_SHORT_ROWS=1 TORCH_SPARSE_DECODE_ROUTE_TILES=1 \
+TORCH_SPARSE_DECODE_ROUTER_SPLIT=1"
+OPT_IN_TESTS="tests/test_short_row.py tests/test_moe_route_tiles.py \
 tests/test_moe_gate_route_split.py tests/test_triton_cache.py"
 PDL_TESTS="tests/test_topk_engine_gpu.py tests/test_moe_route.py tests/test_moe_gate_route.py tests/test_dcp.py \
 tests/test_dcp_kernels.py"
@@ -76,7 +75,7 @@ for step in "$@"; do
     peer)
         run peer "(cd .device/peer_bench && tar xJf libs.tar.xz) && (cd .device/peer_bench/routing && tar xJf libs.tar.xz) \
             && python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K --kinds randn,ragged --budget-s 200 \
-            && TORCH_SPARSE_DECODE_SHORT_ROWS=1 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
+            && TORCH_SPARSE_DECODE_SHORT_ROWS=0 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
                --kinds randn,ragged --budget-s 200 \
             && python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 --tokens 256,1024,4096 \
             && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \

@@ -123,15 +123,12 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
             expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
                    oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
-    # The opt-in short-row paths, each switched on here: the CuTe one-CTA select
-    # (TORCH_SPARSE_DECODE_SHORT_ROWS) and the Triton count select (TORCH_SPARSE_DECODE_COUNT_SELECT).
-    from torch_sparse_decode.kernels.topk import count_select, short_row
+    # The one-CTA short-row select (kernels/topk/short_row.py), switched on here.
+    from torch_sparse_decode.kernels.topk import short_row
 
-    for module, switch in ((short_row, "SHORT_ROWS"), (count_select, "COUNT_SELECT")) if "short" in sections else ():
-        saved = getattr(module, switch), count_select.COUNT_SELECT
-        setattr(module, switch, True)
-        if module is short_row:  # the count select is asked first (opt_in_check.sh turns every switch on)
-            count_select.COUNT_SELECT = False
+    switch = "SHORT_ROWS"  # named in each case
+    if "short" in sections:
+        saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
         try:
             for width in (1000, 8193, short_row.SHORT_MAX):
                 for dtype in TOPK_SCORES:
@@ -164,25 +161,24 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                 expect(f"{switch} ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
                 blocks = tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), 8, 64)
                 expect(f"{switch} blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
-            if module is short_row:  # HALF-thread CTAs (more rows than SMs), and each way to settle t early
-                from test_short_row import settling_rows
+            # HALF-thread CTAs (more rows than SMs), and each way to settle t early
+            from test_short_row import settling_rows
 
-                rows = torch.cuda.get_device_properties(0).multi_processor_count + 2
-                x = torch.randn(rows, 8192, generator=gen)
-                x[::3] = 0.5
-                x[1::7, ::5] = float("nan")
-                lengths = torch.randint(0, 8193, (rows,), generator=gen, dtype=torch.int32)
-                expect(f"{switch} half-width CTAs {rows}x8192", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
-                       oracle.topk_tokens(x, lengths, 2048))
-                for dtype in (torch.float32, torch.float16):
-                    x = settling_rows(dtype)
-                    lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32)
-                    got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048)
-                    want = oracle.topk_tokens(x.float(), lengths, 2048)
-                    expect(f"{switch} settling early {str(dtype)[6:]}", got, want)
+            rows = torch.cuda.get_device_properties(0).multi_processor_count + 2
+            x = torch.randn(rows, 8192, generator=gen)
+            x[::3] = 0.5
+            x[1::7, ::5] = float("nan")
+            lengths = torch.randint(0, 8193, (rows,), generator=gen, dtype=torch.int32)
+            expect(f"{switch} half-width CTAs {rows}x8192", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
+                   oracle.topk_tokens(x, lengths, 2048))
+            for dtype in (torch.float32, torch.float16):
+                x = settling_rows(dtype)
+                lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32)
+                got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048)
+                want = oracle.topk_tokens(x.float(), lengths, 2048)
+                expect(f"{switch} settling early {str(dtype)[6:]}", got, want)
         finally:
-            setattr(module, switch, saved[0])
-            count_select.COUNT_SELECT = saved[1]
+            short_row.SHORT_ROWS = saved
     dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))
     for world, topk, length in dcp_worlds if "dcp" in sections else ():
         x = torch.randn(world, 3, length, generator=gen).to(torch.bfloat16)

@@ -1,8 +1,7 @@
-"""Op-level checks of a short path (the count select, the CuTe short-row select) for every user
-of the engine besides ``indexer_topk``: block selection with the pinned newest block, the fused
-outputs, the fused block table, the DCP pack's ord16 keys. Each runs on the GPU through the op
-(whichever path ``launch.select`` takes), or on the CPU through ``cpu``, a kernel with
-``count_select.count_select``'s arguments (the Triton interpreter)."""
+"""Op-level GPU checks of the short-row select (kernels/topk/short_row.py) for every user of the
+engine besides ``indexer_topk``: block selection with the pinned newest block, the fused outputs,
+the fused block table, the DCP pack's ord16 keys. Each runs through the op (whichever path
+``launch.select`` takes)."""
 
 import torch
 
@@ -11,17 +10,11 @@ import torch_sparse_decode as tsd
 from inputs import poisoned, scores
 
 
-def check_blocks(x, lengths, block, k, device, starts=None, cpu=None):
+def check_blocks(x, lengths, block, k, starts=None):
     """Block selection (the block-key pass, then the path) against the oracle."""
-    out = poisoned((x.shape[0], k), torch.int32, device)
-    if device == "cpu":
-        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
-
-        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30, starts=starts)
-        cpu(keys, lengths, starts, x.shape[1], k - 1, out, block, pinned=True)
-    else:
-        tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), block, k, out=out,
-                                    row_starts=None if starts is None else starts.cuda())
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), block, k, out=out,
+                                row_starts=None if starts is None else starts.cuda())
     if starts is None:
         want = oracle.candidate_blocks(x.float(), lengths, block, k)
     else:
@@ -29,9 +22,9 @@ def check_blocks(x, lengths, block, k, device, starts=None, cpu=None):
     assert torch.equal(out.cpu(), want)
 
 
-def check_fused(x, lengths, k, device, page, raw, values, starts=None, cpu=None):
+def check_fused(x, lengths, k, page, raw, values, starts=None):
     """The fused outputs (the KV slots through a page table where ``page`` > 0, the raw ids, the
-    values; through ``indexer_topk_fused`` on the GPU) against the op's reference; ``page`` 0:
+    values; through ``indexer_topk_fused``) against the op's reference; ``page`` 0:
     ``out`` holds the ids."""
     from torch_sparse_decode.ops.indexer_topk_fused import reference
 
@@ -41,14 +34,9 @@ def check_fused(x, lengths, k, device, page, raw, values, starts=None, cpu=None)
     table = torch.randint(0, 1 << 20, (rows, entries), generator=gen, dtype=torch.int32) if page else None
     want = [torch.empty(rows, k, dtype=torch.int32) for _ in range(2)] + [torch.empty(rows, k, dtype=x.dtype)]
     reference.indexer_topk_fused(x, lengths, k, want[0], want[1], want[2], table, page, starts)
-    if device == "cpu":
-        got = [poisoned((rows, k), torch.int32, device) for _ in range(2)] + [poisoned((rows, k), x.dtype, device)]
-        cpu(x, lengths, starts, x.shape[1], k, got[0], table=table, page=page, raw=got[1] if raw else None,
-            values=got[2] if values else None)
-    else:
-        got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), k, page_table=None if table is None else table.cuda(),
-                                     page_size=page, ids=raw, values=values,
-                                     row_starts=None if starts is None else starts.cuda())
+    got = tsd.indexer_topk_fused(x.cuda(), lengths.cuda(), k, page_table=None if table is None else table.cuda(),
+                                 page_size=page, ids=raw, values=values,
+                                 row_starts=None if starts is None else starts.cuda())
     assert torch.equal(got[0].cpu(), want[0])
     if raw:
         assert torch.equal(got[1].cpu(), want[1])
@@ -57,10 +45,10 @@ def check_fused(x, lengths, k, device, page, raw, values, starts=None, cpu=None)
         assert torch.equal(got[2].cpu().view(bits), want[2].view(bits))
 
 
-def check_fused_block_table(k, device, cpu=None):
+def check_fused_block_table(k):
     """select_candidate_blocks_fused's outputs: block ids through the block table (page 1), the
     pinned newest block too, and the raw block ids."""
-    from test_count_select import edge_lengths
+    from test_short_row import edge_lengths
     from torch_sparse_decode.ops.indexer_topk_fused.reference import selected_outputs
 
     block, width = 8, 8 * 3000
@@ -70,30 +58,20 @@ def check_fused_block_table(k, device, cpu=None):
     table = table.view(lengths.numel(), 3000).int()
     want = [torch.empty(lengths.numel(), k, dtype=torch.int32) for _ in range(2)]
     selected_outputs(oracle.candidate_blocks(x, lengths, block, k), x, table, 1, want[0], want[1], None)
-    if device == "cpu":
-        from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
-
-        got = [poisoned((lengths.numel(), k), torch.int32, device) for _ in range(2)]
-        keys = block_keys(x, lengths, block, keep_all=k if k > 1 else 1 << 30)
-        cpu(keys, lengths, None, width, k - 1, got[0], block, pinned=True, table=table, page=1, raw=got[1])
-    else:
-        got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)
+    got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
-def check_ord16(dtype, kind, k, width, device, cpu=None):
+def check_ord16(dtype, kind, k, width):
     """The DCP pack's local select: scores ranked by their bf16 ord16 (fp32 rounded to nearest
     even), ties to the lower id, ids ascending (the pack's reference); on the GPU through the
     engine's entry, which the pack calls."""
     from dcp_cases import ascending_local_topk
-    from test_count_select import edge_lengths
+    from test_short_row import edge_lengths
     from torch_sparse_decode.kernels.topk import launch
 
     lengths = edge_lengths(k, width)
     x = scores(kind, (lengths.numel(), width), seed=k).to(dtype)
-    out = poisoned((x.shape[0], k), torch.int32, device)
-    if device == "cpu":
-        cpu(x, lengths, None, width, k, out, ord16=True)
-    else:
-        launch.select_ord16(x.cuda(), lengths.cuda(), k, out)
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    launch.select_ord16(x.cuda(), lengths.cuda(), k, out)
     assert torch.equal(out.cpu(), ascending_local_topk(x, lengths, k))

@@ -1,6 +1,6 @@
-"""The one-CTA short-row select (kernels/topk/short_row.py), opted into with
-TORCH_SPARSE_DECODE_SHORT_ROWS=1 until it is faster than the engine: which batches take it and that it
-compiles and fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a
+"""The one-CTA short-row select (kernels/topk/short_row.py), on by default
+(TORCH_SPARSE_DECODE_SHORT_ROWS=0 turns it off): which batches take it and that it compiles and
+fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a
 thread's run of keys and of the switch, in every score dtype, windowed, in a CUDA graph, the
 same ids as the engine on the same rows, and for every other user of the engine (block keys
 with the pinned block, the fused outputs, the DCP pack's ord16 keys: ``select_checks``)."""
@@ -17,17 +17,15 @@ from inputs import KINDS, poisoned, scores
 from test_indexer_topk import window_edges
 from test_kernels_compile import SM90_SM_SMEM, SM90_SMEM, compiled_smem_bytes
 from torch_sparse_decode.dtypes import DCP_SCORES, TOPK_SCORES
-from torch_sparse_decode.kernels.topk import count_select, launch, short_row
+from torch_sparse_decode.kernels.topk import launch, short_row
 
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 
 @pytest.fixture
 def short_rows(monkeypatch):
-    """This path on, and the count select off: ``launch.select`` asks it first (opt_in_check.sh
-    runs these tests with every switch on)."""
+    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.int32])
@@ -48,7 +46,6 @@ def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
     assert short_row.threads_for(132, half * short_row.PER, 132) == full
     assert short_row.threads_for(133, half * short_row.PER + 1, 132) == full
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     monkeypatch.setattr(launch, "sm_count", lambda device: 4)
     configs = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
@@ -58,10 +55,10 @@ def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
     assert [c[2] for c in configs] == [full, half]  # (source, pdl, threads, ord16, fused)
 
 
-def test_off_by_default_and_then_not_built(monkeypatch):
+def test_on_by_default_and_off_not_built(monkeypatch):
     from torch_sparse_decode.kernels import pdl
 
-    assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") == "1")
+    assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") != "0")
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert short_row.catalog(None) == []
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
@@ -104,7 +101,6 @@ def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False, 
 def test_which_batches_take_it(monkeypatch):
     """Rows of at most SHORT_MAX scores or block keys, with or without the fused outputs, and the
     DCP pack's ord16 keys; wider batches take the engine."""
-    monkeypatch.setattr(count_select, "COUNT_SELECT", False)
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append("short"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
@@ -139,7 +135,7 @@ def assert_oracle_tokens(out, x, lengths, k, starts=None) -> None:
 
 
 def check(x, lengths, k, starts=None):
-    out = poisoned((x.shape[0], k), torch.int32, "cuda")
+    out = poisoned((x.shape[0], k), torch.int32)
     tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
     assert_oracle_tokens(out, x, lengths, k, starts)
     return out
@@ -249,7 +245,7 @@ def test_block_keys_with_the_pinned_block(short_rows, kind, block, k):
     lengths = torch.tensor(sorted({min(max(v * block, 0), width) for v in
                                    (0, 1, 2, k - 1, k, k + 1, k + 2, keys // 2, keys - 1, keys)} | {width - 3}),
                            dtype=torch.int32)
-    select_checks.check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k, "cuda")
+    select_checks.check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k)
 
 
 @pytest.mark.gpu
@@ -260,7 +256,7 @@ def test_block_keys_in_windows(short_rows, k):
     x = scores("few_distinct", (starts.numel(), width), seed=k)
     col = torch.arange(width)
     x = torch.where((col < starts[:, None]) | (col >= ends[:, None]), float("inf"), x)  # would win if read
-    select_checks.check_blocks(x, ends, 8, k, "cuda", starts)
+    select_checks.check_blocks(x, ends, 8, k, starts)
 
 
 @pytest.mark.gpu
@@ -272,20 +268,20 @@ def test_fused_outputs(short_rows, dtype, kind, page, raw, values):
     bits: NaN, -0.0), with -1, -1 and -inf padding; rows of at most k keys read for their values."""
     lengths = edge_lengths(300, 4000)
     x = scores(kind, (lengths.numel(), 4000), seed=7).to(dtype)
-    select_checks.check_fused(x, lengths, 300, "cuda", page, raw, values)
+    select_checks.check_fused(x, lengths, 300, page, raw, values)
 
 
 @pytest.mark.gpu
 def test_fused_outputs_in_windows(short_rows):
     starts, ends = window_edges(64, 6000)
-    select_checks.check_fused(scores("few_distinct", (starts.numel(), 6000), seed=2), ends, 64, "cuda", 32, True, True,
+    select_checks.check_fused(scores("few_distinct", (starts.numel(), 6000), seed=2), ends, 64, 32, True, True,
                               starts)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 100, 2048])
 def test_fused_block_table(short_rows, k):
-    select_checks.check_fused_block_table(k, "cuda")
+    select_checks.check_fused_block_table(k)
 
 
 @pytest.mark.gpu
@@ -293,7 +289,7 @@ def test_fused_block_table(short_rows, k):
 @pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "signed_zeros", "inf_mixed"])
 @pytest.mark.parametrize("k,width", [(2048, 8192), (1024, SHORT_MAX), (64, 300)])
 def test_ord16_keys(short_rows, dtype, kind, k, width):
-    select_checks.check_ord16(dtype, kind, k, width, "cuda")
+    select_checks.check_ord16(dtype, kind, k, width)
 
 
 @pytest.mark.gpu

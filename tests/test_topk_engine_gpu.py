@@ -462,7 +462,7 @@ def test_one_read_gate_is_t_with_its_ties_copied(k, dtype):
 
 
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-@pytest.mark.parametrize("path", ["engine", "count_select", "short_row"])
+@pytest.mark.parametrize("path", ["engine", "short_row"])
 def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph, path):
     """Launched as programmatic dependents (``kernels/pdl.py``) of the kernels that write their inputs:
     the scores from a GEMM and the lengths from ``decode_row_lengths`` just before, eagerly and in a
@@ -472,10 +472,9 @@ def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph, path)
     switched on, the rows of <= 16K keys take it."""
     from graphs import capture_graph
     from torch_sparse_decode.kernels import pdl
-    from torch_sparse_decode.kernels.topk import count_select, short_row
+    from torch_sparse_decode.kernels.topk import short_row
 
     monkeypatch.setattr(pdl, "ON", True)
-    monkeypatch.setattr(count_select, "COUNT_SELECT", path == "count_select")
     monkeypatch.setattr(short_row, "SHORT_ROWS", path == "short_row")
     gen = torch.Generator().manual_seed(5)
     weight = (torch.randn(1 << 16, 64, generator=gen) * 0.1).cuda()

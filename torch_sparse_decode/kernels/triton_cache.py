@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import importlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -124,6 +125,17 @@ class _Unloaded:
         return lambda *args, **kwargs: None
 
 
+def _stub_libcuda() -> str:
+    """C source of a stand-in libcuda.so.1: every driver entry point Triton's cuda.h names, empty.
+    A launcher calls some directly (cuFuncSetAttribute): linked against these, it records
+    libcuda.so.1 as needed, so the GPU machine's driver resolves them when the launcher loads
+    (a stub without them drops the library, and the load fails: undefined symbol)."""
+    from triton.backends.nvidia import driver as cuda
+
+    header = (Path(cuda.__file__).parent / "include" / "cuda.h").read_text()
+    return "".join(f"void {name}(void) {{}}\n" for name in sorted(set(re.findall(r"\bcu[A-Z]\w*", header))))
+
+
 def _launchers(kernels: list, cache: Path) -> int:
     """Build each kernel's host launcher (and Triton's CUDA utilities) into ``cache``, linked
     against a stub libcuda and not loaded; returns the host modules in ``cache`` (0 without a C
@@ -139,7 +151,7 @@ def _launchers(kernels: list, cache: Path) -> int:
     load = host._load_module_from_path
     with tempfile.TemporaryDirectory() as stub, knobs.cache.scope(), knobs.nvidia.scope():
         knobs.cache.dir = str(cache)
-        (Path(stub) / "stub.c").write_text("void cuGetProcAddress(void) {}\n")
+        (Path(stub) / "stub.c").write_text(_stub_libcuda())
         subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(Path(stub) / "libcuda.so.1"),
                         str(Path(stub) / "stub.c")], check=True, capture_output=True)
         knobs.nvidia.libcuda_path = stub

@@ -8,7 +8,7 @@ import torch
 
 from ...dtypes import BLOCK_KEYS, DCP_SCORES, TOPK_SCORES
 from .. import pdl
-from . import count_select, short_row
+from . import short_row
 from .engine import compiled
 from .layout import MAX_CLUSTER, SPAN_PER_CTA
 
@@ -44,7 +44,7 @@ def _none(like: torch.Tensor) -> torch.Tensor:
 
 
 def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
-    """Whether a batch takes the one-CTA short-row select (opted into with ``short_row.SHORT_ROWS``):
+    """Whether a batch takes the one-CTA short-row select (unless ``short_row.SHORT_ROWS`` is off):
     rows of at most SHORT_MAX key columns of scores (ranked by their bits, or by their ord16 where
     the DCP pack's scores) or block keys (``pinned``), with or without the fused outputs. A shape
     test, the same in every replay."""
@@ -69,10 +69,6 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     windowed = starts is not None
     want = int(raw is not None) | 2 * int(values is not None)
     fused = table is not None or want != 0
-    if count_select.takes(src, pinned, ord16):
-        count_select.count_select(src, lengths, starts, cols, k_sel, out, block, pinned, pdl.enabled(), table, page,
-                                  raw, values, ord16)
-        return
     outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     if takes_short_row(src, pinned, ord16):

@@ -66,12 +66,8 @@ def _pack_buffers(world_size: int, dtype: torch.dtype, device: torch.device):
 
 
 def warm_triton(device: torch.device) -> None:
-    """The simulated pack's Triton kernel for each built group size and score dtype, every rank, and
-    the count select's local select where it is switched on (``kernels/triton_cache``). A group's
-    one-round step compiles in ``init_dcp_topk_merge``."""
-    from ...kernels.topk import count_select
-
-    count_select.warm(device, pinned=False, ord16=True)  # the local select of short rows, where switched on
+    """The simulated pack's Triton kernel for each built group size and score dtype, every rank
+    (``kernels/triton_cache``). A group's one-round step compiles in ``init_dcp_topk_merge``."""
     ids = torch.arange(BUILT_TOPK, dtype=torch.int32, device=device).view(1, BUILT_TOPK)
     for world_size in BUILT_WORLD_SIZES:
         for dtype in DCP_SCORES:

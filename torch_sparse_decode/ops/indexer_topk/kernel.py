@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 
 from ...kernels import topk as engine
-from ...kernels.topk import count_select
 
 
 def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor,
@@ -13,7 +12,3 @@ def indexer_topk(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch
     """The CUDA kernel of ``sparse_decode::indexer_topk`` (arguments already checked)."""
     engine.select(scores, lengths, scores.shape[1], 1, k, out, pinned=False, starts=row_starts)
 
-
-def warm_triton(device: torch.device) -> None:
-    """The count select over scores, where switched on (``kernels/triton_cache``)."""
-    count_select.warm(device, pinned=False)

@@ -15,7 +15,6 @@ import triton.language as tl
 
 from ...dtypes import WARM_SCORES
 from ...kernels import pdl, topk as engine
-from ...kernels.topk import count_select
 
 
 @triton.jit
@@ -101,4 +100,3 @@ def warm_triton(device: torch.device) -> None:
         for block in (8, 64):
             block_keys(x, n, block)
             block_keys(x, n, block, starts=n)
-    count_select.warm(device, pinned=True)  # and the count select over block keys, where switched on
