@@ -75,7 +75,7 @@ for step in "$@"; do
     peer)
         run peer "(cd .device/peer_bench && tar xJf libs.tar.xz) && (cd .device/peer_bench/routing && tar xJf libs.tar.xz) \
             && python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K --kinds randn,ragged --budget-s 200 \
-            && TORCH_SPARSE_DECODE_SHORT_ROWS=0 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
+            && TORCH_SPARSE_DECODE_SHORT_ROWS=1 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
                --kinds randn,ragged --budget-s 200 \
             && python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 --tokens 256,1024,4096 \
             && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
