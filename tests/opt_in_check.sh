@@ -58,12 +58,12 @@ for step in "$@"; do
         run warmup "python -c 'from torch_sparse_decode.kernels.triton_cache import identity; print(\"identity\", identity())' \
             && export TRITON_CACHE_DIR=\$(mktemp -d) && warm_once && warm_once" ;;
     short)
-        run short "$ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider tests/test_short_row.py \
+        run short "$ALL_ON python -m pytest -v --tb=line -m gpu -n 8 -p no:cacheprovider tests/test_short_row.py \
             && cd benchmarks && $ALL_ON python bench_topk.py --tables short --results '' \
             && python profile_short_row.py --quick --results ''" ;;
     tests)
-        run tests "$ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider $OPT_IN_TESTS \
-            && $ALL_ON python -m pytest -q -m gpu -n 8 -p no:cacheprovider -k 'programmatic or exchange_step' $PDL_TESTS" ;;
+        run tests "$ALL_ON python -m pytest -v --tb=line -m gpu -n 8 -p no:cacheprovider $OPT_IN_TESTS \
+            && $ALL_ON python -m pytest -v --tb=line -m gpu -n 8 -p no:cacheprovider -k 'programmatic or exchange_step' $PDL_TESTS" ;;
     fuzz)
         run fuzz "TSD_FUZZ_OPT_IN=1 python tests/fuzz.py --seed 1 --cases ${FUZZ_CASES:-3000}" ;;
     sanitize)
