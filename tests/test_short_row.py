@@ -249,6 +249,19 @@ def test_block_keys_with_the_pinned_block(short_rows, kind, block, k):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed", "inf_mixed", "tiny_negative"])
+@pytest.mark.parametrize("block,k", [(1, 6), (3, 6), (8, 2), (8, 3), (64, 6), (64, 17)])
+def test_block_keys_in_tiny_rows(short_rows, kind, block, k):
+    """Rows of a few blocks (one warp's lanes hold them all, one key a thread), k just under them,
+    lengths past the width and negative: select_candidate_blocks' own edge cases, on this path."""
+    width = (k + 3) * block + block // 2 + 1  # a partial last block
+    ends = [-1, 0, 1, block - 1, block, block + 1, (k - 1) * block, k * block - 1, k * block, k * block + 1,
+            (k + 1) * block, width, width + 9]
+    lengths = torch.tensor([max(-1, min(e, width + 9)) for e in ends], dtype=torch.int32)
+    select_checks.check_blocks(scores(kind, (lengths.numel(), width), seed=block + k), lengths, block, k)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("k", [1, 64, 2048])
 def test_block_keys_in_windows(short_rows, k):
     width = 8 * SHORT_MAX - 40
