@@ -126,7 +126,6 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     # The one-CTA short-row select (kernels/topk/short_row.py), switched on here.
     from torch_sparse_decode.kernels.topk import short_row
 
-    switch = "SHORT_ROWS"  # named in each case
     if "short" in sections:
         saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
         try:
@@ -139,11 +138,11 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                     lengths = torch.tensor([width, width, width, width // 2 + 1, 0, 1025], dtype=torch.int32)
                     for k in (1, 2048, 4096):
                         got = tsd.indexer_topk(x.to(dtype).cuda(), lengths.cuda(), k)
-                        expect(f"{switch} {str(dtype)[6:]} 6x{width} k={k}", got,
+                        expect(f"SHORT_ROWS {str(dtype)[6:]} 6x{width} k={k}", got,
                                oracle.topk_tokens(x.to(dtype).float(), lengths, k))
                 starts = torch.tensor([0, 1, width // 2, width - 2, width + 5, 7], dtype=torch.int32)
                 got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 64, row_starts=starts.cuda())
-                expect(f"{switch} windows 6x{width}", got,
+                expect(f"SHORT_ROWS windows 6x{width}", got,
                        oracle.windowed(oracle.topk_tokens, x, starts, lengths, 64))
                 # the fused outputs, block keys and the DCP pack's ord16 keys
                 from torch_sparse_decode.kernels.topk import launch
@@ -155,12 +154,12 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                 want = [torch.empty(6, 64, dtype=torch.int32) for _ in range(2)] + [torch.empty(6, 64)]
                 indexer_topk_fused(x, lengths, 64, *want, table, 64)
                 for name, g, w in zip(("slots", "ids", "values"), got, want):
-                    expect(f"{switch} fused {name} 6x{width}", g.view(torch.int32), w.view(torch.int32))
+                    expect(f"SHORT_ROWS fused {name} 6x{width}", g.view(torch.int32), w.view(torch.int32))
                 ids = torch.empty(6, 2048, dtype=torch.int32, device="cuda")
                 launch.select_ord16(x.cuda(), lengths.cuda(), 2048, ids)
-                expect(f"{switch} ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
+                expect(f"SHORT_ROWS ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
                 blocks = tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), 8, 64)
-                expect(f"{switch} blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
+                expect(f"SHORT_ROWS blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
             # HALF-thread CTAs (more rows than SMs), and each way to settle t early
             from test_short_row import settling_rows
 
@@ -169,14 +168,14 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             x[::3] = 0.5
             x[1::7, ::5] = float("nan")
             lengths = torch.randint(0, 8193, (rows,), generator=gen, dtype=torch.int32)
-            expect(f"{switch} half-width CTAs {rows}x8192", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
+            expect(f"SHORT_ROWS half-width CTAs {rows}x8192", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
                    oracle.topk_tokens(x, lengths, 2048))
             for dtype in (torch.float32, torch.float16):
                 x = settling_rows(dtype)
                 lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.int32)
                 got = tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048)
                 want = oracle.topk_tokens(x.float(), lengths, 2048)
-                expect(f"{switch} settling early {str(dtype)[6:]}", got, want)
+                expect(f"SHORT_ROWS settling early {str(dtype)[6:]}", got, want)
         finally:
             short_row.SHORT_ROWS = saved
     dcp_worlds = ((2, 2048, 20000 if small else 65536), (4, 512, 9000), (16, 4096, 3000))

@@ -45,9 +45,7 @@ from .keys import source_key
 from .output import Outputs, emit
 from .short_digits import BINS, COPY, DIGIT_ROUNDS, GATHERED, PER, TAIL, TAIL_DIGITS, ShortDigits
 
-# Opt-in (TORCH_SPARSE_DECODE_SHORT_ROWS=1) until the whole GPU suite passes with it on: faster than
-# the engine at every shape it takes and exact in its own tests, but the full suite with it on by
-# default failed 97 tests at 8c58481 (which, unknown: the run ended before its summary).
+# Opt-in (TORCH_SPARSE_DECODE_SHORT_ROWS=1) until the whole GPU suite passes with it on (docs/topk_engine.md).
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
 
 THREADS = 1024
