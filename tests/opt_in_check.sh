@@ -9,6 +9,9 @@
 #   warmup       a fresh process's import + warmup(), twice (Triton's cache empty, then filled),
 #                from the folder in TORCH_SPARSE_DECODE_CACHE; Triton's identity
 #   tests        the GPU tests of every opt-in path, with every switch on
+#   suite        the whole GPU suite with the short-row path on (-n 16), each test named as it ends;
+#                then its failures alone with the path off (pytest's --lf), which tells the path's
+#                failures from the others
 #   fuzz         the fuzzer drawing the switches per case (TSD_FUZZ_OPT_IN=1; FUZZ_CASES, 3000)
 #   sanitize     memcheck, then racecheck, over the opt-in paths' sections, every switch on
 #   bench        the short-row table, PDL behind the kernel before, the router front
@@ -51,6 +54,19 @@ print(f"import {imported:.1f} s, warmup() {time.perf_counter() - began:.1f} s")
 EOF
 }
 
+whole_suite() {  # the GPU suite, the short-row path on; the failures named, then rerun with it off
+    TORCH_SPARSE_DECODE_SHORT_ROWS=1 python -m pytest -v --tb=short -m gpu -n 16 -o cache_dir=/tmp/tsd-suite tests \
+        >"$LOGS/suite-tests.log" 2>&1
+    echo "short path on: $(grep -c ' PASSED' "$LOGS/suite-tests.log") passed; failed, by test:"
+    grep -E ' (FAILED|ERROR)' "$LOGS/suite-tests.log" | grep -vE '^(FAILED|ERROR)' | sed 's/.*tests\//tests\//; s/\[.*//' \
+        | sort | uniq -c
+    if grep -qE ' (FAILED|ERROR)' "$LOGS/suite-tests.log"; then
+        echo "the failures alone, the short-row path off:"
+        TORCH_SPARSE_DECODE_SHORT_ROWS=0 python -m pytest -q --tb=line -m gpu -n 16 --lf -o cache_dir=/tmp/tsd-suite \
+            tests 2>&1 | tail -n 3
+    fi
+}
+
 for step in "$@"; do
     case $step in
     warmup)
@@ -64,6 +80,9 @@ for step in "$@"; do
     tests)
         run tests "$ALL_ON python -m pytest -v --tb=line -m gpu -n 8 -p no:cacheprovider $OPT_IN_TESTS \
             && $ALL_ON python -m pytest -v --tb=line -m gpu -n 8 -p no:cacheprovider -k 'programmatic or exchange_step' $PDL_TESTS" ;;
+    suite)
+        export -f whole_suite
+        run suite "LOGS=$LOGS whole_suite" ;;
     fuzz)
         run fuzz "TSD_FUZZ_OPT_IN=1 python tests/fuzz.py --seed 1 --cases ${FUZZ_CASES:-3000}" ;;
     sanitize)
@@ -81,7 +100,7 @@ for step in "$@"; do
             && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
                --tokens 256,1024,4096" ;;
     *)
-        echo "unknown step $step (short warmup tests fuzz sanitize bench peer)" >&2
+        echo "unknown step $step (short warmup tests suite fuzz sanitize bench peer)" >&2
         exit 2 ;;
     esac
 done

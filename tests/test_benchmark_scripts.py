@@ -41,7 +41,7 @@ def test_the_opt_in_check_script_parses_and_names_its_steps(tmp_path):
     assert subprocess.run(["bash", "-n", script]).returncode == 0
     done = subprocess.run(["bash", script, "nonsense"], capture_output=True, text=True, timeout=60,
                           env={**os.environ, "OUT": str(tmp_path)})
-    assert done.returncode == 2 and "warmup tests fuzz sanitize bench peer" in done.stderr
+    assert done.returncode == 2 and "short warmup tests suite fuzz sanitize bench peer" in done.stderr
 
 
 def test_profile_short_row_cut_builds_compile():
