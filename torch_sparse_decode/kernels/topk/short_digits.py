@@ -2,10 +2,10 @@
 of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
-  that match the digits found so far, kept once per lane (a lane's copy COPY words apart: a
-  warp never adds to one address or bank twice), so rows of one or few values cost no more than
-  random ones; the CTA sums the copies and one warp scans the bins from the top: three barriers
-  a digit.
+  that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
+  word 32 * b + l: a lane always adds in its own bank, so a warp's atomics never conflict,
+  whatever its keys' bins), so rows of one or few values cost no more than random ones; the CTA
+  sums the copies and one warp scans the bins from the top: three barriers a digit.
 - Settling early: from TAIL_DIGITS digits on, the bin that holds t is settled without the
   remaining rounds where it can be: a bin of at most TAIL keys (randn rows of 8K-16K: ~10-70) is
   gathered into shared memory and one warp ranks it; a longer one whose keys are all equal
@@ -28,7 +28,7 @@ PER = 16  # keys a thread holds at most
 DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2, torch.int32: 4}
 RADIX = 8
 BINS = 1 << RADIX
-COPY = BINS + 1  # words per lane's histogram copy: the copies' same bins fall in distinct banks
+HIST = 32 * BINS  # the lanes' histogram copies, bin-major: lane l's count of bin b is word 32 * b + l
 # info words: scan_from_top's digit found and the keys in the bins above it (word 2 is its need); settle's verdict
 DIGIT, ABOVE, _, SETTLED = range(4)
 # From TAIL_DIGITS digits on, a bin that is short (at most TAIL keys; randn 8K: ~10, 16K: ~30) is
@@ -158,10 +158,11 @@ class ShortDigits:
     def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],
               shift: cutlass.Constexpr[int], hist: cute.Tensor, tid: Int32):
         """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
-        one atomic a key. (Adding a run of equal digits at once cost more in branches than it saved
-        in atomics, and one histogram per warp with match.any more still: H200, 1 x 8K, 14.7 and
-        16.5 us against 12.1.) Keys past the run are skipped by a branch the whole CTA takes alike."""
-        copy = (tid % 32) * COPY
+        one atomic a key, in the lane's own bank. (Adding a run of equal digits at once cost more in
+        branches than it saved in atomics, and one histogram per warp with match.any more still:
+        H200, 1 x 8K, 14.7 and 16.5 us against 12.1.) Keys past the run are skipped by a branch the
+        whole CTA takes alike."""
+        lane = tid % 32
         for i in cutlass.range_constexpr(PER):
             if run > i:
                 key = keys[i]
@@ -169,19 +170,20 @@ class ShortDigits:
                 if cutlass.const_expr(p > 0):
                     live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
                 if live:
-                    cute.arch.atomic_add(hist.iterator + (copy + Int32((key >> Uint32(shift)) & Uint32(BINS - 1))),
+                    cute.arch.atomic_add(hist.iterator + (Int32((key >> Uint32(shift)) & Uint32(BINS - 1)) * 32 + lane),
                                          Int32(1))
 
     @cute.jit
     def sum_copies(self, hist: cute.Tensor, parts: cute.Tensor, tid: Int32):
         """parts[q * BINS + b]: bin b summed over the q-th group of lane copies, which this thread
-        then clears for the next digit (it is their only reader)."""
+        then clears for the next digit (it is their only reader). Its c-th read is lane
+        (q * per + c + b) % 32's: a warp's 32 bins read 32 distinct banks."""
         b = tid % BINS
         q = tid // BINS
         per = 32 // self.parts
         total = Int32(0)
         for c in cutlass.range_constexpr(per):
-            at = (q * per + c) * COPY + b
+            at = b * 32 + ((q * per + c + b) & 31)
             total = total + hist[at]
             hist[at] = Int32(0)
         parts[q * BINS + b] = total

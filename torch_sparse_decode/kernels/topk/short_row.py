@@ -43,7 +43,7 @@ from ..cute import popc, zero_fill
 from .cluster import ballot_of
 from .keys import source_key
 from .output import Outputs, emit
-from .short_digits import BINS, COPY, DIGIT_ROUNDS, GATHERED, PER, TAIL, TAIL_DIGITS, ShortDigits
+from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, TAIL, TAIL_DIGITS, ShortDigits
 
 # Opt-in (TORCH_SPARSE_DECODE_SHORT_ROWS=1) until the whole GPU suite passes with it on (docs/topk_engine.md).
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
@@ -123,7 +123,7 @@ class ShortRowTopk(ShortDigits):
             newest = (n + block - 1) // block - 1
             n = max(newest, Int32(0))
         smem = cutlass.memory.SmemAllocator()
-        hist = smem.allocate_tensor(Int32, cute.make_layout(32 * COPY), 16)
+        hist = smem.allocate_tensor(Int32, cute.make_layout(HIST), 16)
         parts = smem.allocate_tensor(Int32, cute.make_layout(self.parts * BINS), 16)
         info = smem.allocate_tensor(Int32, cute.make_layout(4), 16)
         warp_sums = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
@@ -147,7 +147,7 @@ class ShortRowTopk(ShortDigits):
                 for i in cutlass.range_constexpr(PER):
                     inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
                     keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
-            zero_fill(hist, 32 * COPY, tid, self.threads)
+            zero_fill(hist, HIST, tid, self.threads)
             if tid == 0:
                 tail[GATHERED] = Uint32(0)
                 if cutlass.const_expr(self.pinned):  # after the k ranked blocks (now: nothing live across the select)
