@@ -54,8 +54,8 @@ def check_fused_block_table(k):
     block, width = 8, 8 * 3000
     lengths = edge_lengths(k * block, width)
     x = scores("few_distinct", (lengths.numel(), width), seed=k)
-    table = torch.randperm(1 << 16, generator=torch.Generator().manual_seed(1))[:lengths.numel() * 3000]
-    table = table.view(lengths.numel(), 3000).int()
+    table = torch.randperm(lengths.numel() * 3000, generator=torch.Generator().manual_seed(1))
+    table = table.view(lengths.numel(), 3000).int()  # distinct entries: a wrong block shows
     want = [torch.empty(lengths.numel(), k, dtype=torch.int32) for _ in range(2)]
     selected_outputs(oracle.candidate_blocks(x, lengths, block, k), x, table, 1, want[0], want[1], None)
     got = tsd.select_candidate_blocks_fused(x.cuda(), lengths.cuda(), block, k, table.cuda(), ids=True)

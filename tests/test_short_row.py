@@ -135,7 +135,7 @@ def assert_oracle_tokens(out, x, lengths, k, starts=None) -> None:
 
 
 def check(x, lengths, k, starts=None):
-    out = poisoned((x.shape[0], k), torch.int32)
+    out = poisoned((x.shape[0], k), torch.int32, "cuda")
     tsd.indexer_topk(x.cuda(), lengths.cuda(), k, out=out, row_starts=None if starts is None else starts.cuda())
     assert_oracle_tokens(out, x, lengths, k, starts)
     return out
