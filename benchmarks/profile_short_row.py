@@ -3,11 +3,9 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
 
     python benchmarks/profile_short_row.py [--quick] [--results FILE]
 
-Cuts: lane-major (the histogram as it was before 2026-12-06: lane l's copy of bin b in bank
-(l + b) % 32, so a warp's atomics conflict where its keys' bins meet a bank), no tail (all four
-digit rounds, no one-warp rank of the last bin), no count (the digit rounds' atomics), no scan
-(the one-warp scans), one digit round, no rounds (launch, the reads of the row and its length,
-and the output's ballots writing the first k ids).
+Cuts: no tail (all four digit rounds, no one-warp rank of the last bin), no count (the digit
+rounds' atomics), no scan (the one-warp scans), one digit round, no rounds (launch, the reads of
+the row and its length, and the output's ballots writing the first k ids).
 """
 
 from __future__ import annotations
@@ -26,33 +24,6 @@ class NoCount(short_row.ShortRowTopk):
     @cute.jit
     def count(self, keys, run, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
         pass
-
-
-class LaneMajor(short_row.ShortRowTopk):
-    @cute.jit
-    def count(self, keys, run, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
-        lane = tid % 32
-        for i in cutlass.range_constexpr(short_digits.PER):
-            if run > i:
-                key = keys[i]
-                live = key != cutlass.Uint32(0)
-                if cutlass.const_expr(p > 0):
-                    live = live & ((key >> cutlass.Uint32(shift + 8)) == (t >> cutlass.Uint32(shift + 8)))
-                if live:
-                    b = cutlass.Int32((key >> cutlass.Uint32(shift)) & cutlass.Uint32(255))
-                    cute.arch.atomic_add(hist.iterator + (lane * 256 + ((b + lane) & 255)), cutlass.Int32(1))
-
-    @cute.jit
-    def sum_copies(self, hist, parts, tid):
-        b = tid % 256
-        q = tid // 256
-        per = 32 // self.parts
-        total = cutlass.Int32(0)
-        for c in cutlass.range_constexpr(per):
-            at = (q * per + c) * 256 + ((b + q * per + c) & 255)
-            total = total + hist[at]
-            hist[at] = cutlass.Int32(0)
-        parts[q * 256 + b] = total
 
 
 class NoScan(short_row.ShortRowTopk):
@@ -84,7 +55,7 @@ def variant(digits: int, tail_digits: int | None = None):
     return Variant
 
 
-CUTS = {"whole": short_row.ShortRowTopk, "lane-major": LaneMajor, "no tail": variant(4, 4), "no count": NoCount,
+CUTS = {"whole": short_row.ShortRowTopk, "no tail": variant(4, 4), "no count": NoCount,
         "no scan": NoScan, "one round": variant(1), "no rounds": variant(0)}
 
 

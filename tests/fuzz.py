@@ -15,12 +15,12 @@ bf16, fp16), ``select_candidate_blocks`` (fp32, bf16, fp16 logits), the DCP pack
 ord16 select + the B' writer), the one-round DCP merge of simulated ranks (against the generic
 merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
-a (seed, index) pair is its own reproducer. With TORCH_SPARSE_DECODE_SHORT_ROWS=1, ``indexer_topk``
-batches of at most 16K columns take the one-CTA short-row path: widths are drawn at its switch
+a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 16K columns take
+the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its switch
 (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
-With TSD_FUZZ_OPT_IN=1 each case also draws the opt-in paths' switches (PDL, the short-row path,
-the tile routing: each on half the time) and restores them after: every path
+With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, the
+tile routing, the split router GEMM: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
@@ -123,7 +123,7 @@ def draw_k(rng: random.Random) -> int:
 
 def draw_width(rng: random.Random, cap: int) -> int:
     r = rng.random()
-    if r < 0.05:  # at the short-row path's switch (TORCH_SPARSE_DECODE_SHORT_ROWS=1)
+    if r < 0.05:  # at the short-row path's switch
         return min(cap, tsd_short_row().SHORT_MAX + rng.choice([-1, 0, 1]))
     if r < 0.4:
         return log_uniform(rng, 1, min(cap, 20000))

@@ -1,6 +1,6 @@
-"""The one-CTA short-row select (kernels/topk/short_row.py), opted into with
-TORCH_SPARSE_DECODE_SHORT_ROWS=1: which batches take it and that it compiles and fits (CPU); on
-the GPU, exact against the oracle at every boundary of k, of a thread's run of keys and of the
+"""The one-CTA short-row select (kernels/topk/short_row.py), on by default
+(TORCH_SPARSE_DECODE_SHORT_ROWS=0 turns it off): which batches take it and that it compiles and
+fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a thread's run of keys and of the
 switch, in every score dtype, windowed, in a CUDA graph, the
 same ids as the engine on the same rows, and for every other user of the engine (block keys
 with the pinned block, the fused outputs, the DCP pack's ord16 keys: ``select_checks``)."""
@@ -24,7 +24,7 @@ SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 @pytest.fixture
 def short_rows(monkeypatch):
-    """This path on (opt-in: TORCH_SPARSE_DECODE_SHORT_ROWS=1)."""
+    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
 
 
@@ -55,10 +55,10 @@ def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
     assert [c[2] for c in configs] == [full, half]  # (source, pdl, threads, ord16, fused)
 
 
-def test_off_by_default_and_then_not_built(monkeypatch):
+def test_on_by_default_and_off_not_built(monkeypatch):
     from torch_sparse_decode.kernels import pdl
 
-    assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") == "1")
+    assert short_row.SHORT_ROWS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS") != "0")
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert short_row.catalog(None) == []
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)

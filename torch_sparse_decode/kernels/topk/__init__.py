@@ -52,7 +52,7 @@ tile ring), ``digits`` (the digit search and the two-pass copy), ``one_read`` (t
 ``output`` (writing the ids and the fused outputs), ``engine`` (the kernel, as a sequence of
 phases, and its catalog of builds), ``launch`` (the cluster size, which batches take the
 short-row path, and the ops' call) and ``short_row`` (the one-CTA select of rows of at most
-16K keys, opt-in: ``TORCH_SPARSE_DECODE_SHORT_ROWS=1``).
+16K keys; ``TORCH_SPARSE_DECODE_SHORT_ROWS=0`` turns it off).
 """
 
 from .engine import RadixTopk, catalog, compiled

@@ -44,7 +44,7 @@ def _none(like: torch.Tensor) -> torch.Tensor:
 
 
 def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
-    """Whether a batch takes the one-CTA short-row select (opted into with ``short_row.SHORT_ROWS``):
+    """Whether a batch takes the one-CTA short-row select (unless ``short_row.SHORT_ROWS`` is off):
     rows of at most SHORT_MAX key columns of scores (ranked by their bits, or by their ord16 where
     the DCP pack's scores) or block keys (``pinned``), with or without the fused outputs. A shape
     test, the same in every replay."""

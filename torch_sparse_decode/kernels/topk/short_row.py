@@ -21,8 +21,8 @@ scores (``indexer_topk``, ``indexer_topk_fused``), block keys with the newest bl
   keys put the newest block after the kept ones.
 
 The ops take it where ``launch.select`` finds the batch's key columns <= SHORT_MAX (a shape test:
-graph-safe, and both paths are exact, so a row's ids never depend on the other rows), where
-``SHORT_ROWS`` is on (TORCH_SPARSE_DECODE_SHORT_ROWS=1). Its times: docs/topk_engine.md.
+graph-safe, and both paths are exact, so a row's ids never depend on the other rows), unless
+``SHORT_ROWS`` is off (TORCH_SPARSE_DECODE_SHORT_ROWS=0). Its times: docs/topk_engine.md.
 """
 
 from __future__ import annotations
@@ -45,8 +45,9 @@ from .keys import source_key
 from .output import Outputs, emit
 from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, TAIL, TAIL_DIGITS, ShortDigits
 
-# Opt-in (TORCH_SPARSE_DECODE_SHORT_ROWS=1) until the whole GPU suite passes with it on (docs/topk_engine.md).
-SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "0") == "1"
+# On by default (faster than the engine at every shape it takes; docs/topk_engine.md);
+# TORCH_SPARSE_DECODE_SHORT_ROWS=0 sends every batch to the engine.
+SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "1") != "0"
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes
@@ -204,7 +205,7 @@ class ShortRowTopk(ShortDigits):
 
 # A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused).
 def catalog(target) -> list[tuple]:
-    """Every build ``launch.select`` takes, while the path is opted into (``SHORT_ROWS``), as
+    """Every build ``launch.select`` takes, while the path is on (``SHORT_ROWS``), as
     programmatic dependents where ``pdl.enabled()`` says so: scores of each dtype with and without
     the fused outputs, block keys likewise, and the DCP pack's ord16 keys; each at both widths."""
     if not SHORT_ROWS:
