@@ -16,8 +16,8 @@ ord16 select + the B' writer), the one-round DCP merge of simulated ranks (again
 merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
 a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 16K columns take
-the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its switch
-(16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
+the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its
+switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, the
 tile routing, the split router GEMM: each on half the time) and restores them after: every path

@@ -1,9 +1,9 @@
 """The one-CTA short-row select (kernels/topk/short_row.py), on by default
 (TORCH_SPARSE_DECODE_SHORT_ROWS=0 turns it off): which batches take it and that it compiles and
-fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a thread's run of keys and of the
-switch, in every score dtype, windowed, in a CUDA graph, the
-same ids as the engine on the same rows, and for every other user of the engine (block keys
-with the pinned block, the fused outputs, the DCP pack's ord16 keys: ``select_checks``)."""
+fits (CPU); on the GPU, exact against the oracle at every boundary of k, of a thread's run of
+keys and of the switch, in every score dtype, windowed, in a CUDA graph, the same ids as the
+engine on the same rows, and for every other user of the engine (block keys with the pinned
+block, the fused outputs, the DCP pack's ord16 keys: ``select_checks``)."""
 
 import os
 
