@@ -3,7 +3,8 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
 
     python benchmarks/profile_short_row.py [--quick] [--results FILE]
 
-Cuts: no tail (all four digit rounds, no one-warp rank of the last bin), no count (the digit
+Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
+launch and the row read into registers as the kernel reads it), no tail (all four digit rounds, no one-warp rank of the last bin), no count (the digit
 rounds' atomics), no scan (the one-warp scans), one digit round, no rounds (launch, the reads of
 the row and its length, and the output's ballots writing the first k ids).
 
@@ -52,6 +53,39 @@ class NoScan(short_row.ShortRowTopk):
         self.sum_copies(hist, parts, tid)
         cute.arch.sync_threads()
         return t | (cutlass.Uint32(short_digits.BINS // 2) << cutlass.Uint32(shift)), need
+
+
+class LaunchOnly(short_row.ShortRowTopk):
+    """The same launch (threads, shared memory) reading only the row's length: the floor of a call."""
+
+    @cute.kernel
+    def kernel(self, src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want):
+        tid, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        hist = cutlass.memory.SmemAllocator().allocate_tensor(Int32, cute.make_layout(short_digits.HIST), 16)
+        hist[tid] = lengths[row]
+        cute.arch.sync_threads()
+        if hist[(tid + 1) % self.threads] == Int32(-12345):  # never: keeps the read
+            out[row, 0] = Int32(0)
+
+
+class ReadOnly(short_row.ShortRowTopk):
+    """The launch and one coalesced read of the row into registers, as the kernel reads it."""
+
+    @cute.kernel
+    def kernel(self, src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want):
+        tid, _, _ = cute.arch.thread_idx()
+        row, _, _ = cute.arch.block_idx()
+        lane, warp = tid % 32, tid // 32
+        span = min(cols, src.shape[1])
+        run = (span + self.threads - 1) // self.threads
+        lo = warp * 32 * run + lane
+        seen = Uint32(0)
+        for i in cutlass.range_constexpr(short_digits.PER):
+            x = src[row, min(lo + 32 * i, span - 1)]
+            seen = seen ^ cutlass.select_(run > i, short_row.source_key(x, self.source, False), Uint32(0))
+        if (seen == Uint32(0x12345)) & (lengths[row] == Int32(-12345)):  # never: keeps the reads
+            out[row, 0] = Int32(0)
 
 
 class BranchFreeCount(short_row.ShortRowTopk):
@@ -126,7 +160,7 @@ def variant(digits: int, tail_digits: int | None = None):
     return Variant
 
 
-CUTS = {"whole": short_row.ShortRowTopk, "no tail": variant(4, 4), "no count": NoCount,
+CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only": ReadOnly, "no tail": variant(4, 4), "no count": NoCount,
         "no scan": NoScan, "one round": variant(1), "no rounds": variant(0),
         "branch-free count": BranchFreeCount, "warp sums": WarpSums, "both": BranchFreeWarpSums,
         "512 threads": with_threads(short_row.ShortRowTopk, short_row.HALF),
