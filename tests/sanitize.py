@@ -160,7 +160,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                 expect(f"SHORT_ROWS ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
                 blocks = tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), 8, 64)
                 expect(f"SHORT_ROWS blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
-            # HALF-thread CTAs (more rows than SMs), and each way to settle t early
+            # HALF-thread CTAs past the SMs (two an SM), and each way to settle t early
             from test_short_row import settling_rows
 
             rows = torch.cuda.get_device_properties(0).multi_processor_count + 2

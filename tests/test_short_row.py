@@ -39,20 +39,18 @@ def test_compiles_and_fits_sm90(source, threads):
         assert 2 * (used + 1024) <= SM90_SM_SMEM  # the driver reserves 1 KiB a CTA
 
 
-def test_half_width_ctas_for_batches_past_the_sms(monkeypatch):
-    """More rows than SMs, columns that fit HALF threads: HALF; any other batch: THREADS."""
+def test_half_width_ctas_where_the_keys_fit(monkeypatch):
+    """Key columns that fit HALF threads: HALF, at any number of rows; wider: THREADS."""
     half, full = short_row.HALF, short_row.THREADS
-    assert short_row.threads_for(133, half * short_row.PER, 132) == half
-    assert short_row.threads_for(132, half * short_row.PER, 132) == full
-    assert short_row.threads_for(133, half * short_row.PER + 1, 132) == full
+    assert short_row.threads_for(half * short_row.PER) == half
+    assert short_row.threads_for(half * short_row.PER + 1) == full
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    monkeypatch.setattr(launch, "sm_count", lambda device: 4)
     configs = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
-    for rows in (4, 5):
-        launch.select(torch.zeros(rows, 100), torch.zeros(rows, dtype=torch.int32), 100, 1, 4,
+    for rows, width in ((1, half * short_row.PER), (500, half * short_row.PER), (1, half * short_row.PER + 1)):
+        launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
-    assert [c[2] for c in configs] == [full, half]  # (source, pdl, threads, ord16, fused)
+    assert [c[2] for c in configs] == [half, half, full]  # (source, pdl, threads, ord16, fused)
 
 
 def test_on_by_default_and_off_not_built(monkeypatch):
@@ -117,11 +115,13 @@ def test_which_batches_take_it(monkeypatch):
         assert taken[-1] == path
 
 
-def edge_lengths(k: int, width: int, threads: int = THREADS) -> torch.Tensor:
-    """k's edges, the runs' (n = threads * m +- 1: runs of m and m + 1 keys), and the width's."""
+def edge_lengths(k: int, width: int) -> torch.Tensor:
+    """k's edges, the runs' (n = threads * m +- 1: runs of m and m + 1 keys, at either CTA width),
+    and the width's."""
     values = [-3, 0, 1, k - 1, k, k + 1, k + 2, width - 1, width, width + 9]
-    for m in (1, 2, 8, 15, 16):
-        values += [threads * m - 1, threads * m, threads * m + 1]
+    for threads in (short_row.THREADS, short_row.HALF):
+        for m in (1, 2, 8, 15, 16):
+            values += [threads * m - 1, threads * m, threads * m + 1]
     return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
 
 
@@ -223,14 +223,14 @@ def test_the_same_ids_as_the_engine(short_rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
 def test_half_width_ctas(short_rows, dtype):
-    """A batch of more rows than SMs takes HALF-thread CTAs: every kind, k's and the runs' edges."""
+    """A batch of more rows than SMs in HALF-thread CTAs (two an SM): every kind, k's and the runs' edges."""
     rows = launch.sm_count(torch.device("cuda")) + 5
     width = short_row.HALF * short_row.PER
-    lengths = edge_lengths(2048, width, short_row.HALF)
+    lengths = edge_lengths(2048, width)
     lengths = lengths.repeat(-(-rows // lengths.numel()))[:rows]
     each = -(-rows // len(KINDS))
     x = torch.cat([scores(kind, (each, width), seed=i) for i, kind in enumerate(KINDS)])[:rows]
-    assert short_row.threads_for(rows, width, launch.sm_count(torch.device("cuda"))) == short_row.HALF
+    assert short_row.threads_for(width) == short_row.HALF
     check(x.to(dtype), lengths, 2048)
 
 

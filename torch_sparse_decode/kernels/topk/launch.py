@@ -72,7 +72,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     if takes_short_row(src, pinned, ord16):
-        threads = short_row.threads_for(rows, src.shape[1], sm_count(src.device))
+        threads = short_row.threads_for(src.shape[1])
         short_row.compiled(src.dtype, pdl.enabled(), threads, ord16, fused)(
             src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
