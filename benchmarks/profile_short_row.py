@@ -4,19 +4,21 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
     python benchmarks/profile_short_row.py [--quick] [--results FILE]
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
-launch and the row read into registers as the kernel reads it), no tail (all four digit rounds, no one-warp rank of the last bin), no count (the digit
-rounds' atomics), no scan (the one-warp scans), one digit round, no rounds (launch, the reads of
-the row and its length, and the output's ballots writing the first k ids).
+launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
+no one-warp rank of the last bin), no count (the digit rounds' atomics), no scan (the one-warp
+scans), one digit round, no rounds (launch, the reads of the row and its length, and the
+output's ballots writing the first k ids).
 
 Candidates (exact: their ids are checked against the whole kernel's before they are timed):
 branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic), warp
 sums (each warp sums its bins' 32 lane copies with one redux a bin into one group, laid out so
 the one-warp scan reads its 8 bins a lane from 8 distinct banks, where it reads 4 groups from
 banks 8 lanes share), both; CTAs of 512 threads (as batches of more rows than SMs take), alone
-and with both; the whole kernel as a programmatic dependent of the call before it. Static SASS at 9373a8f (sm_90a, fp32): the whole kernel 4296
-instructions a thread, 64 registers, 4 bytes spilled, 113 divergent-branch blocks (BSSY);
-branch-free count 4176 and 49 BSSY; warp sums 4160 and 50 registers, no spill; both 4040, 50
-registers, 53 BSSY.
+and with both; the whole kernel as a programmatic dependent of the call before it.
+
+Static SASS at 9373a8f (sm_90a, fp32): the whole kernel 4296 instructions a thread, 64
+registers, 4 bytes spilled, 113 divergent-branch blocks (BSSY); branch-free count 4176 and 49
+BSSY; warp sums 4160 and 50 registers, no spill; both 4040, 50 registers, 53 BSSY.
 """
 
 from __future__ import annotations
@@ -160,13 +162,15 @@ def variant(digits: int, tail_digits: int | None = None):
     return Variant
 
 
-CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only": ReadOnly, "no tail": variant(4, 4), "no count": NoCount,
+CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only": ReadOnly,
+        "no tail": variant(4, 4), "no count": NoCount,
         "no scan": NoScan, "one round": variant(1), "no rounds": variant(0),
         "branch-free count": BranchFreeCount, "warp sums": WarpSums, "both": BranchFreeWarpSums,
         "512 threads": with_threads(short_row.ShortRowTopk, short_row.HALF),
         "512, both": with_threads(BranchFreeWarpSums, short_row.HALF),
         "pdl": with_threads(short_row.ShortRowTopk, short_row.THREADS, pdl=True)}
-EXACT = ("branch-free count", "warp sums", "both", "512 threads", "512, both", "pdl")  # candidates: checked against the whole kernel's ids
+# candidates: checked against the whole kernel's ids
+EXACT = ("branch-free count", "warp sums", "both", "512 threads", "512, both", "pdl")
 
 
 def main() -> None:
