@@ -6,7 +6,8 @@ before them, so their launch and setup overlap its tail. Each waits for it
 (``griddepcontrol.wait``) before its first read of anything that kernel may write, then lets its
 own dependents launch; after a plain kernel the wait returns at once, so results never depend on
 what came before. On the H200, 0.6-0.7 us a ``moe_route`` call less behind the router GEMM
-(docs/ops.md). Opt-in until the GPU fuzzer and compute-sanitizer have run with it.
+(docs/ops.md). Opt-in until compute-sanitizer has run every case matrix with it: the routing,
+front, DCP and short-row matrices are clean with it, the engine's and block keys' not yet run.
 
 The kernels read ``enabled()`` at each launch (and the catalogs when they are built), so a test
 or a benchmark flips ``ON`` in one place.
