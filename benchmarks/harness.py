@@ -184,6 +184,24 @@ def _fmt(value) -> str:
     return str(value)
 
 
+def phase_marks(slots: torch.Tensor, phases: int) -> tuple[list[float], list[float]]:
+    """A profiled kernel's marks, ``slots`` (..., phases + 2) on the CPU: each phase's end in SM
+    cycles since its CTA began (0: not taken), then the CTA's start and end on the global timer
+    (ns, low 32 bits). Returns (median cycles of each phase over the CTAs: its end less the latest
+    end before it, 0 where not taken; the timeline in us: the kernel's span from the first CTA's
+    start, the median CTA, the slowest CTA, the last CTA's start)."""
+    slots = slots.reshape(-1, phases + 2).long()
+    ends = slots[:, :phases].double()
+    before = torch.cummax(torch.cat([torch.zeros(len(ends), 1, dtype=torch.double), ends[:, :-1]], -1), -1).values
+    spent = torch.where(ends > 0, ends - before, torch.zeros_like(ends))
+    start, end = slots[:, phases] & 0xFFFFFFFF, slots[:, phases + 1] & 0xFFFFFFFF
+    first = start.min()
+    start, end = (start - first) % (1 << 32), (end - first) % (1 << 32)  # the timer's low 32 bits may wrap
+    cta = (end - start).double()
+    timeline = [end.max().item() / 1e3, cta.median().item() / 1e3, cta.max().item() / 1e3, start.max().item() / 1e3]
+    return spent.median(dim=0).values.tolist(), timeline
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--results", default=os.path.join(os.path.dirname(__file__), "history", "runs.md"),

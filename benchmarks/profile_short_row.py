@@ -1,7 +1,13 @@
 """Where the short-row path's time goes (kernels/topk/short_row.py): builds of it with phases cut
 out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong ids: timing only).
 
-    python benchmarks/profile_short_row.py [--quick] [--results FILE]
+    python benchmarks/profile_short_row.py [--quick | --phases] [--results FILE]
+
+``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K) with
+phase marks (``ShortRowTopk(profile=True)``, ``short_digits.PHASES``): the median over rows of
+thread 0's SM cycles in each phase (0: a phase the row skips), and each CTA's span on the global
+timer beside the call's time in a CUDA graph; what the span leaves out is the launch and the
+kernel's drain.
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
@@ -28,7 +34,7 @@ import torch
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
-from harness import Table, graph_us, parser, rotation
+from harness import Table, graph_us, parser, phase_marks, rotation
 from torch_sparse_decode.kernels.topk import short_digits, short_row
 
 K = 2048
@@ -173,20 +179,73 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
 EXACT = ("branch-free count", "warp sums", "both", "512 threads", "512, both", "pdl")
 
 
+def inputs(kind: str, rows: int, width: int):
+    """``make(seed)`` for rotation: fp32 rows of ``kind`` (randn, or ties: four values), full length."""
+
+    def make(seed: int):
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        x = (torch.randn(rows, width, device="cuda", generator=gen) if kind == "randn" else
+             torch.randint(0, 4, (rows, width), device="cuda", generator=gen).float())
+        return x, torch.full((rows,), width, dtype=torch.int32, device="cuda")
+
+    return make
+
+
+def phases(results: str | None) -> None:
+    """The phase-marked builds' cycles and timeline (``--phases``)."""
+    names = short_digits.PHASES
+    timing = "marks: one eager call per shape (the third), after a 256 MiB write that clears L2; call: " + \
+        "per call in a CUDA graph (harness.graph_us), inputs rotated"
+    table = Table(f"short-row select phases, k = {K}, fp32 (thread 0's SM cycles, median over rows)",
+                  ["shape", "rows", "threads", *names, "total"], timing)
+    spans = Table(f"short-row select timeline, k = {K}, fp32 (us: global timer, and the call in a graph)",
+                  ["shape", "rows", "threads", "kernel span", "median CTA", "slowest CTA", "last CTA start",
+                   "call"], timing)
+    flush = torch.empty(64 << 20, device="cuda")
+    for rows, width in [(1, 8 << 10), (8, 8 << 10), (64, 8 << 10), (256, 8 << 10), (8, 16 << 10)]:
+        for threads in sorted({short_row.threads_for(width), short_row.THREADS}):
+            if width > threads * short_digits.PER:
+                continue
+            profiled = short_row.build(short_row.ShortRowTopk(torch.float32, threads=threads, profile=True),
+                                       torch.float32)
+            plain = short_row.compiled(torch.float32, False, threads)
+            for kind in ("randn", "ties"):
+                sets = rotation(inputs(kind, rows, width), rows * width * 4)
+                out = torch.full((rows, K + 1 + len(names) + 2), -7, dtype=torch.int32, device="cuda")
+                x, n = sets[0]
+                for _ in range(3):  # the last call's marks, compiled and warm
+                    flush.zero_()
+                    profiled(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
+                torch.cuda.synchronize()
+                cycles, timeline = phase_marks(out[:, K + 1:].cpu(), len(names))
+                ids = out[:, :K].clone()
+                out[:, :K] = -7
+                plain(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
+                assert torch.equal(out[:, :K], ids), "the profiled build's ids differ from the plain build's"
+
+                def call(i, sets=sets, out=out, width=width, plain=plain):
+                    x, n = sets[i % len(sets)]
+                    plain(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
+
+                shape = f"{rows}x{width >> 10}K"
+                table.add(shape, kind, threads, *[round(c) for c in cycles], round(sum(cycles)))
+                spans.add(shape, kind, threads, *[round(t, 2) for t in timeline], graph_us(call))
+    table.emit(results)
+    spans.emit(results)
+
+
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    cli = parser(__doc__)
+    cli.add_argument("--phases", action="store_true", help="the phase-marked builds' cycles and timeline")
+    args = cli.parse_args()
+    if args.phases:
+        return phases(args.results)
     table = Table(f"short-row path with phases cut out (us), k={K}, fp32", ["shape", "rows", *CUTS])
     made = {name: cls(torch.float32) for name, cls in CUTS.items()}
     kernels = {name: short_row.build(topk, torch.float32) for name, topk in made.items()}
     for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (8, 16 << 10)]):
         for kind in ("randn", "ties"):
-            def make(seed: int):
-                gen = torch.Generator(device="cuda").manual_seed(seed)
-                x = (torch.randn(rows, width, device="cuda", generator=gen) if kind == "randn" else
-                     torch.randint(0, 4, (rows, width), device="cuda", generator=gen).float())
-                return x, torch.full((rows,), width, dtype=torch.int32, device="cuda")
-
-            sets = rotation(make, rows * width * 4)
+            sets = rotation(inputs(kind, rows, width), rows * width * 4)
             out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
 
             def call(f, i):

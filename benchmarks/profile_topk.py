@@ -22,7 +22,7 @@ import torch
 
 from bench_topk_ties import DISTRIBUTIONS, distribution
 from compare_topk import K, QUICK, SHAPES
-from harness import Table, parser
+from harness import Table, parser, phase_marks
 from torch_sparse_decode.kernels import topk
 from torch_sparse_decode.ops.select_candidate_blocks.kernel import block_keys
 
@@ -51,17 +51,8 @@ def phase_cycles(what: str, rows: int, width: int, block_size: int, dist: str = 
         flush.zero_()
         engine(src, lengths, lengths, 0, width, block, k_sel, out, raw, table, page, values, want)  # no windows
     torch.cuda.synchronize()
-    slots = out[:, k_sel + 1:].reshape(rows, ranks, topk.PROFILE_SLOTS).cpu().long()
-    ends = slots[..., :phases].double()
-    # A phase's cycles: its end minus the latest end before it (phases not taken read 0).
-    before = torch.cummax(torch.cat([torch.zeros(rows, ranks, 1, dtype=torch.double), ends[..., :-1]], -1), -1).values
-    spent = torch.where(ends > 0, ends - before, torch.zeros_like(ends))
-    start, end = slots[..., phases] & 0xFFFFFFFF, slots[..., phases + 1] & 0xFFFFFFFF
-    first = start.min()
-    start, end = (start - first) % (1 << 32), (end - first) % (1 << 32)  # the timer's low 32 bits may wrap
-    cta = (end - start).double()
-    timeline = [end.max().item() / 1e3, cta.median().item() / 1e3, cta.max().item() / 1e3, start.max().item() / 1e3]
-    return ranks, spent.reshape(rows * ranks, phases).median(dim=0).values.tolist(), timeline
+    spent, timeline = phase_marks(out[:, k_sel + 1:].cpu(), phases)
+    return ranks, spent, timeline
 
 
 def main() -> None:

@@ -60,6 +60,37 @@ def test_profile_short_row_cut_builds_compile():
         short_row.build(cut(torch.float32), torch.float32)
 
 
+def test_profiled_short_row_builds_compile():
+    """The phase-marked builds (``profile_short_row.py --phases``) at both CTA widths, for scores
+    and for block keys (a pinned row's marks sit after its newest block)."""
+    import torch
+
+    from torch_sparse_decode.kernels.topk import short_row
+
+    for source in (torch.float32, torch.int32):
+        for threads in (short_row.HALF, short_row.THREADS):
+            short_row.build(short_row.ShortRowTopk(source, threads=threads, profile=True), source)
+
+
+def test_phase_marks_reads_skipped_phases_and_a_wrapped_timer():
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import harness
+    finally:
+        sys.path.remove(BENCHMARKS)
+    import torch
+
+    # Two CTAs, three phases: the second skipped by the first CTA (0), and the global timer's low
+    # 32 bits wrapping between the first CTA's start and the second's end.
+    slots = torch.tensor([[100, 0, 400, 2**32 - 1000, 2**32 - 1000 + 3000],
+                          [200, 500, 600, 2**32 - 500, 1500]])
+    spent, timeline = harness.phase_marks(slots, 3)
+    assert spent == [100.0, 0.0, 100.0]  # torch's lower medians of (100, 200), (0, 300), (300, 100)
+    # us: the span to the first CTA's end (3000 ns), CTAs of 3000 and 2000 ns, the last start at 500
+    assert timeline == [3.0, 2.0, 3.0, 0.5]
+    assert harness.phase_marks(slots[:1], 3)[0] == [100.0, 0.0, 300.0]
+
+
 def test_sass_count_runs_without_a_gpu():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "sass_count.py", "--quick", "--results", ""], cwd=BENCHMARKS,

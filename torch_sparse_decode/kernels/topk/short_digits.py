@@ -1,5 +1,6 @@
 """The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
-of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``).
+of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``,
+``profile``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
   that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
@@ -20,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from ..cute import scan_from_top
+from ..cute import scan_from_top, stamp
 
 PER = 16  # keys a thread holds at most
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
@@ -37,14 +38,22 @@ DIGIT, ABOVE, _, SETTLED = range(4)
 TAIL_DIGITS = 2
 TAIL = 128
 GATHERED = TAIL  # the tail list's word that counts the keys gathered into it
+# Where a profiled build (ShortRowTopk(profile=True), benchmarks/profile_short_row.py) stamps
+# thread 0's clock: the end of each phase (a phase the row skips ends where the one before it did).
+PHASES = ("keys in", "digit 0", "digit 1", "tail", "digit 2", "digit 3", "counts", "written")
 
 
 class ShortDigits:
     """Finding t (see the module docstring)."""
 
     @cute.jit
+    def mark(self, marks: cute.Tensor, phase: cutlass.Constexpr[str]):
+        """A profiled build (``profile``): the SM clock at the end of the phase named (PHASES)."""
+        stamp(marks, PHASES, phase, self.profile)
+
+    @cute.jit
     def threshold(self, keys: cute.Tensor, run: Int32, k: Int32, hist: cute.Tensor, parts: cute.Tensor,
-                  info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
+                  info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32, marks: cute.Tensor):
         """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
         need = k
         t = Uint32(0)
@@ -52,13 +61,16 @@ class ShortDigits:
         for p in cutlass.range_constexpr(self.rounds):
             if cutlass.const_expr(p < self.tail_digits):
                 t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+                self.mark(marks, f"digit {p}")
             else:
                 if settled == 0:
                     t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+                    self.mark(marks, f"digit {p}")
             if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
                 if settled == 0:
                     found, need, settled = self.settle(keys, run, t, need, p, parts, info, tail, bounds, tid)
                     t = Uint32(found)
+                    self.mark(marks, "tail")
         low = 32 - RADIX * self.rounds
         if cutlass.const_expr(low > 0 and self.fill):  # a widened bf16 / fp16 key's low bits follow from its sign
             fill = Uint32((1 << low) - 1)

@@ -33,17 +33,17 @@ import torch
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Uint32
+from cutlass import Int32, Int64, Uint32
 
 from ...dtypes import BLOCK_KEYS, DCP_SCORES, TOPK_SCORES, cute_type
 from ...limits import TOPK_MAX_K
 from .. import pdl
 from ..compile import cached_kernel, fake_stream, fake_tensor
-from ..cute import popc, zero_fill
+from ..cute import begin_marks, popc, zero_fill
 from .cluster import ballot_of
 from .keys import source_key
 from .output import Outputs, emit
-from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, TAIL, TAIL_DIGITS, ShortDigits
+from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, PHASES, TAIL, TAIL_DIGITS, ShortDigits
 
 # On by default (faster than the engine at every shape it takes; docs/topk_engine.md);
 # TORCH_SPARSE_DECODE_SHORT_ROWS=0 sends every batch to the engine.
@@ -66,10 +66,11 @@ class ShortRowTopk(ShortDigits):
     """The short-row select for one source (a score dtype, or int32 block keys: ``pinned``), in
     CTAs of ``threads`` (THREADS or HALF); ``ord16``: scores ranked by their bf16 ord16 (the DCP
     pack); ``fused``: ids written through ``Outputs``; ``pdl``: launched as a programmatic
-    dependent of the kernel before (``kernels/pdl.py``)."""
+    dependent of the kernel before (``kernels/pdl.py``); ``profile``: a row of more than k keys
+    writes its phases' clocks after its k ids (``write_marks``; benchmarks/profile_short_row.py)."""
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-                 fused: bool = False):
+                 fused: bool = False, profile: bool = False):
         self.source = cute_type(source)
         self.pinned = source is BLOCK_KEYS
         self.ord16 = ord16
@@ -81,6 +82,7 @@ class ShortRowTopk(ShortDigits):
         self.threads = threads
         self.warps = threads // 32
         self.parts = threads // BINS  # the copies are summed in parts groups of 32 // parts
+        self.profile = profile
 
     @cute.jit  # HALF CTAs: two an SM, so 64 registers a thread (the carveout: shared memory first)
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
@@ -97,6 +99,11 @@ class ShortRowTopk(ShortDigits):
         tid, _, _ = cute.arch.thread_idx()
         row, _, _ = cute.arch.block_idx()
         o = Outputs(out, raw, table, page, values, want)  # a fused build's; others write ``out`` alone
+        marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
+        began = Int64(0)
+        if cutlass.const_expr(self.profile):
+            began = cute.arch.globaltimer()  # ns, the same clock on every SM
+        begin_marks(marks, PHASES, self.profile)
         if cutlass.const_expr(self.pdl):  # the keys and lengths may come from the kernel before
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
@@ -155,10 +162,12 @@ class ShortRowTopk(ShortDigits):
                 if cutlass.const_expr(self.pinned):  # after the k ranked blocks (now: nothing live across the select)
                     emit(o, src, row, first, k, newest, self.fused, self.pinned)
             cute.arch.sync_threads()
+            self.mark(marks, "keys in")
 
-            t, take = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid)
+            t, take = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid, marks)
             self.write_kept(keys, run, t, take, lo - (Int32(0) if self.pinned else first), row, o.out, staged,
-                            warp_sums, tid)
+                            warp_sums, tid, marks)
+            self.write_marks(o.out, marks, began, row, k, tid)
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 for j in range(tid, k, self.threads):  # n > k: k kept (clamped: memory-safe were one not staged)
@@ -166,7 +175,7 @@ class ShortRowTopk(ShortDigits):
 
     @cute.jit
     def write_kept(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
-                   out: cute.Tensor, staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32):
+                   out: cute.Tensor, staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
         """The kept ids at their places in ``out`` (a fused build: in ``staged``): keys > t and the
         first ``take`` keys == t, in id order.
         Id order is warp, then key, then lane: a warp's ballots of each key place its lanes, and
@@ -180,6 +189,7 @@ class ShortRowTopk(ShortDigits):
         if lane == 0:
             warp_sums[warp] = counts
         cute.arch.sync_threads()
+        self.mark(marks, "counts")
         before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
@@ -202,6 +212,20 @@ class ShortRowTopk(ShortDigits):
                         out[row, slot] = lo + 32 * i
                 kept_before = kept_before + popc(above_votes)
                 tied_before = tied_before + popc(tie_votes)
+        self.mark(marks, "written")
+
+    @cute.jit
+    def write_marks(self, out: cute.Tensor, marks: cute.Tensor, began: Int64, row: Int32, k: Int32, tid: Int32):
+        """A profiled build: thread 0's clock at each phase's end, in cycles since the kernel began,
+        then the CTA's start and end on the global timer (ns, low 32 bits), at out[row, k + 1 ...]
+        (a pinned row's newest block is at k)."""
+        if cutlass.const_expr(self.profile):
+            ended = cute.arch.globaltimer()
+            if tid == 0:
+                for phase in cutlass.range_constexpr(len(PHASES)):
+                    out[row, k + 1 + phase] = Int32(marks[phase + 1] - marks[0])
+                out[row, k + 1 + len(PHASES)] = Int32(began & Int64(0xFFFFFFFF))
+                out[row, k + 1 + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
 # A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused).
