@@ -16,15 +16,18 @@ scans), one digit round, no rounds (launch, the reads of the row and its length,
 output's ballots writing the first k ids).
 
 Candidates (exact: their ids are checked against the whole kernel's before they are timed):
-branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic), warp
-sums (each warp sums its bins' 32 lane copies with one redux a bin into one group, laid out so
-the one-warp scan reads its 8 bins a lane from 8 distinct banks, where it reads 4 groups from
-banks 8 lanes share), both; CTAs of 512 threads (as batches of more rows than SMs take), alone
-and with both; the whole kernel as a programmatic dependent of the call before it.
+branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic); CTAs of
+512 threads (the 8K rows' CTA since bfb6d8a); the whole kernel as a programmatic dependent of the
+call before it. At 512 threads: the branch-free count; a ties-taken write (where the CTA keeps
+every key equal to t, one ballot a key places the keys >= t: 15 SASS instructions a key against
+the shipped pass's 32, the row's base address taken once); both. (Measured and dropped, H100,
+7c4f372: warp sums of the histogram's copies, 11.4 us against 10.7, and with the branch-free
+count, 10.7; both at 512 threads, 9.68 against 8.95.)
 
 Static SASS at 9373a8f (sm_90a, fp32): the whole kernel 4296 instructions a thread, 64
 registers, 4 bytes spilled, 113 divergent-branch blocks (BSSY); branch-free count 4176 and 49
-BSSY; warp sums 4160 and 50 registers, no spill; both 4040, 50 registers, 53 BSSY.
+BSSY. At 14d9966, 512 threads: 4280 instructions, no spill, 113 BSSY; branch-free 4176, 49 BSSY;
+ties-taken write 4392 (both passes in the code), 98 BSSY; both 4280, 34 BSSY.
 """
 
 from __future__ import annotations
@@ -35,7 +38,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 from harness import Table, graph_us, parser, phase_marks, rotation
+from torch_sparse_decode.kernels.cute import popc
 from torch_sparse_decode.kernels.topk import short_digits, short_row
+from torch_sparse_decode.kernels.topk.cluster import ballot_of
 
 K = 2048
 
@@ -111,34 +116,56 @@ class BranchFreeCount(short_row.ShortRowTopk):
                 cute.arch.atomic_add(hist.iterator + (b * 32 + lane), cutlass.select_(live, Int32(1), Int32(0)))
 
 
-def scan_slot(b):
-    """Where bin b's sum sits: lane l of the scan reads bins 255 - 8 l - j (j < 8) at j * 32 + l."""
-    return ((short_digits.BINS - 1 - b) % 8) * 32 + (short_digits.BINS - 1 - b) // 8
-
-
-class WarpSums(short_row.ShortRowTopk):
-    def __init__(self, source):
-        super().__init__(source)
-        self.parts = 1
+class TiesTakenWrite(short_row.ShortRowTopk):
+    """The output's second pass with one ballot a key where every key equal to t is kept (the
+    CTA's ties == take: random rows, whose t is one key): the kept keys are those >= t. Rows
+    that keep some ties only take the shipped pass. Both address the row's ids from its base."""
 
     @cute.jit
-    def sum_copies(self, hist, parts, tid):
+    def write_kept(self, keys, run, t, take, lo, row, out, staged, warp_sums, tid, marks):
         lane, warp = tid % 32, tid // 32
-        per = short_digits.BINS // self.warps
-        for j in cutlass.range_constexpr(per):
-            b = warp * per + j
-            v = hist[b * 32 + lane]
-            hist[b * 32 + lane] = Int32(0)
-            total = cute.arch.warp_redux_sync(v, "add")
-            if lane == 0:
-                parts[scan_slot(b)] = total
+        below = Uint32(cute.arch.lanemask_lt())
+        counts = Int32(0)
+        for i in cutlass.range_constexpr(short_digits.PER):
+            if run > i:
+                counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
+        if lane == 0:
+            warp_sums[warp] = counts
+        cute.arch.sync_threads()
+        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
+        total = cute.arch.warp_redux_sync(cutlass.select_(lane < self.warps, warp_sums[lane % self.warps], Int32(0)),
+                                          "add")
+        width = out.shape[1]
+        ids = out[row, None]  # the row's base address once, not at every store
+        if (total >> 16) == take:  # CTA-uniform
+            kept_before = (before & Int32(0xFFFF)) + (before >> 16)
+            for i in cutlass.range_constexpr(short_digits.PER):
+                if run > i:
+                    kept = keys[i] >= t
+                    votes = ballot_of(kept)
+                    slot = kept_before + popc(votes & below)
+                    if kept & (slot < width):
+                        ids[slot] = lo + 32 * i
+                    kept_before = kept_before + popc(votes)
+        else:
+            kept_before = before & Int32(0xFFFF)
+            tied_before = before >> 16
+            for i in cutlass.range_constexpr(short_digits.PER):
+                if run > i:
+                    above = keys[i] > t
+                    at_t = keys[i] == t
+                    above_votes = ballot_of(above)
+                    tie_votes = ballot_of(at_t)
+                    mine_kept = kept_before + popc(above_votes & below)
+                    mine_tied = tied_before + popc(tie_votes & below)
+                    slot = mine_kept + min(mine_tied, take)
+                    if (above | (at_t & (mine_tied < take))) & (slot < width):
+                        ids[slot] = lo + 32 * i
+                    kept_before = kept_before + popc(above_votes)
+                    tied_before = tied_before + popc(tie_votes)
 
-    @cute.jit
-    def bin_count(self, parts, b):
-        return parts[scan_slot(b)]
 
-
-class BranchFreeWarpSums(BranchFreeCount, WarpSums):
+class BranchFreeTiesTaken(BranchFreeCount, TiesTakenWrite):
     pass
 
 
@@ -150,8 +177,6 @@ def with_threads(cls, threads: int, pdl: bool = False):
             super().__init__(source)
             self.threads, self.warps, self.parts = threads, threads // 32, max(1, threads // short_digits.BINS)
             self.pdl = pdl
-            if cls in (WarpSums, BranchFreeWarpSums):
-                self.parts = 1
 
     return Sized
 
@@ -171,12 +196,14 @@ def variant(digits: int, tail_digits: int | None = None):
 CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only": ReadOnly,
         "no tail": variant(4, 4), "no count": NoCount,
         "no scan": NoScan, "one round": variant(1), "no rounds": variant(0),
-        "branch-free count": BranchFreeCount, "warp sums": WarpSums, "both": BranchFreeWarpSums,
+        "branch-free count": BranchFreeCount,
         "512 threads": with_threads(short_row.ShortRowTopk, short_row.HALF),
-        "512, both": with_threads(BranchFreeWarpSums, short_row.HALF),
-        "pdl": with_threads(short_row.ShortRowTopk, short_row.THREADS, pdl=True)}
+        "pdl": with_threads(short_row.ShortRowTopk, short_row.THREADS, pdl=True),
+        "512, branch-free": with_threads(BranchFreeCount, short_row.HALF),
+        "512, ties-taken write": with_threads(TiesTakenWrite, short_row.HALF),
+        "512, both new": with_threads(BranchFreeTiesTaken, short_row.HALF)}
 # candidates: checked against the whole kernel's ids
-EXACT = ("branch-free count", "warp sums", "both", "512 threads", "512, both", "pdl")
+EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new")
 
 
 def inputs(kind: str, rows: int, width: int):
