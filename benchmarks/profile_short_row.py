@@ -1,7 +1,8 @@
 """Where the short-row path's time goes (kernels/topk/short_row.py): builds of it with phases cut
 out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong ids: timing only).
 
-    python benchmarks/profile_short_row.py [--quick | --phases] [--results FILE]
+    python benchmarks/profile_short_row.py [--quick] [--check CASES] [--results FILE]
+    python benchmarks/profile_short_row.py --phases [--results FILE]
 
 ``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K) with
 phase marks (``ShortRowTopk(profile=True)``, ``short_digits.PHASES``): the median over rows of
@@ -15,22 +16,32 @@ no one-warp rank of the last bin), no count (the digit rounds' atomics), no scan
 scans), one digit round, no rounds (launch, the reads of the row and its length, and the
 output's ballots writing the first k ids).
 
-Candidates (exact: their ids are checked against the whole kernel's before they are timed):
+Candidates (exact: their ids are checked against the whole kernel's before they are timed; one
+that differs reads "wrong" and is not timed):
 branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic); CTAs of
 512 threads (the 8K rows' CTA since bfb6d8a); the whole kernel as a programmatic dependent of the
 call before it. At 512 threads: the branch-free count; a ties-taken write (where the CTA keeps
 every key equal to t, one ballot a key places the keys >= t: 15 SASS instructions a key against
-the shipped pass's 32, the row's base address taken once); both. (Measured and dropped, H100,
-7c4f372: warp sums of the histogram's copies, 11.4 us against 10.7, and with the branch-free
-count, 10.7; both at 512 threads, 9.68 against 8.95.)
+the shipped pass's 32, the row's base address taken once); both; one-barrier rounds (one
+256-bin histogram for the CTA, three in turn so the one a round counts into was cleared two
+rounds before, every warp finding the digit itself after the round's one barrier: no sums of
+lane copies, no one-warp scan, and a bin of <= 32 keys ranked by every warp), alone and with the
+ties-taken write. (Measured and dropped, H100, 7c4f372: warp sums of the histogram's copies,
+11.4 us against 10.7, and with the branch-free count, 10.7; both at 512 threads, 9.68 against
+8.95.) ``--check CASES`` first compares every candidate's ids with the whole kernel's over
+seeded adversarial batches (tests/inputs.py's kinds, k and lengths at the edges, windows).
 
 Static SASS at 9373a8f (sm_90a, fp32): the whole kernel 4296 instructions a thread, 64
 registers, 4 bytes spilled, 113 divergent-branch blocks (BSSY); branch-free count 4176 and 49
 BSSY. At 14d9966, 512 threads: 4280 instructions, no spill, 113 BSSY; branch-free 4176, 49 BSSY;
-ties-taken write 4392 (both passes in the code), 98 BSSY; both 4280, 34 BSSY.
+ties-taken write 4392 (both passes in the code), 98 BSSY; both 4280, 34 BSSY; one-barrier
+rounds 4072, 54 registers, 10 barriers in the code against 18; with the ties-taken write 4176.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 
@@ -38,7 +49,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 from harness import Table, graph_us, parser, phase_marks, rotation
-from torch_sparse_decode.kernels.cute import popc
+from torch_sparse_decode.kernels.cute import popc, warp_inclusive
 from torch_sparse_decode.kernels.topk import short_digits, short_row
 from torch_sparse_decode.kernels.topk.cluster import ballot_of
 
@@ -169,6 +180,145 @@ class BranchFreeTiesTaken(BranchFreeCount, TiesTakenWrite):
     pass
 
 
+class OneBarrierRounds(short_row.ShortRowTopk):
+    """Digit rounds of one barrier: one 256-bin histogram for the CTA (a warp's atomics to one bin
+    merge in ATOMS.POPC.INC; random bins meet in banks), three of them in turn, so that the one a
+    round counts into was cleared two rounds before, behind a barrier; after the round's barrier
+    every warp reads the histogram and finds the digit itself (the same in every warp), with no
+    sums of copies, no one-warp scan and no barrier after it. A short bin (<= 32 keys) is ranked
+    by every warp after the gather's barrier; longer ones settle as shipped."""
+
+    @cute.jit
+    def threshold(self, keys, run, k, hist, parts, info, tail, bounds, tid, marks):
+        need = k
+        t = Uint32(0)
+        m = Int32(0)  # the keys in the bin of t's digits so far
+        settled = Int32(0)
+        for p in cutlass.range_constexpr(self.rounds):
+            if cutlass.const_expr(p < self.tail_digits):
+                t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
+                self.mark(marks, f"digit {p}")
+            else:
+                if settled == 0:
+                    t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
+                    self.mark(marks, f"digit {p}")
+            if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
+                if settled == 0:
+                    found, need, settled = self.settle_bin(keys, run, t, need, m, p, info, tail, bounds, tid)
+                    t = Uint32(found)
+                    self.mark(marks, "tail")
+        low = 32 - short_digits.RADIX * self.rounds
+        if cutlass.const_expr(low > 0 and self.fill):
+            fill = Uint32((1 << low) - 1)
+            t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
+        return t, need
+
+    @cute.jit
+    def one_barrier_round(self, keys, run, t, need, p: cutlass.Constexpr[int], hist, tid):
+        """(t, need, the keys in the digit's bin) with digit p found, in every warp."""
+        shift = 32 - short_digits.RADIX * (p + 1)
+        base = (p % 3) * short_digits.BINS
+        lane = tid % 32
+        for i in cutlass.range_constexpr(short_digits.PER):
+            if run > i:
+                key = keys[i]
+                live = key != Uint32(0)
+                if cutlass.const_expr(p > 0):
+                    live = live & ((key >> Uint32(shift + short_digits.RADIX)) ==
+                                   (t >> Uint32(shift + short_digits.RADIX)))
+                if live:
+                    cute.arch.atomic_add(hist.iterator + (base + Int32((key >> Uint32(shift)) & Uint32(0xFF))),
+                                         Int32(1))
+        cute.arch.sync_threads()
+        # Lane l holds bins 255 - 8 l .. 248 - 8 l, from the top.
+        counts = cute.make_rmem_tensor(8, Int32)
+        mine = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            counts[b] = hist[base + 255 - 8 * lane - b]
+            mine = mine + counts[b]
+        inclusive = warp_inclusive(mine, lane)
+        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
+        first = popc((reached & (Uint32(0) - reached)) - Uint32(1))
+        above = inclusive - mine
+        digit = Int32(0)
+        in_bin = Int32(0)
+        found = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            hit = (found == 0) & (above + counts[b] >= need)
+            digit = cutlass.select_(hit, Int32(255 - b) - 8 * lane, digit)
+            in_bin = cutlass.select_(hit, counts[b], in_bin)
+            found = cutlass.select_(hit, Int32(1), found)
+            above = cutlass.select_(found == 0, above + counts[b], above)
+        digit = cute.arch.shuffle_sync(digit, first)
+        above = cute.arch.shuffle_sync(above, first)
+        in_bin = cute.arch.shuffle_sync(in_bin, first)
+        # The histogram two rounds on was last read in the round before this one's barrier.
+        later = ((p + 2) % 3) * short_digits.BINS
+        if tid < short_digits.BINS:
+            hist[later + tid] = Int32(0)
+        return t | (Uint32(digit) << Uint32(shift)), need - above, in_bin
+
+    @cute.jit
+    def settle_bin(self, keys, run, t, need, m, p: cutlass.Constexpr[int], info, tail, bounds, tid):
+        """``settle`` with the bin's count known to every warp: a bin of <= 32 keys is ranked by
+        every warp after the gather's barrier (no second barrier)."""
+        shift = 32 - short_digits.RADIX * (p + 1)
+        lane, warp = tid % 32, tid // 32
+        found = t
+        take = need
+        settled = Int32(0)
+        if m <= short_digits.TAIL:
+            for i in cutlass.range_constexpr(short_digits.PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        tail[Int32(cute.arch.atomic_add(tail.iterator + short_digits.GATHERED, Uint32(1)))] = key
+        else:
+            high = Uint32(0)
+            low = Uint32(0xFFFFFFFF)
+            for i in cutlass.range_constexpr(short_digits.PER):
+                if run > i:
+                    key = keys[i]
+                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
+                        high = max(high, key)
+                        low = min(low, key)
+            high = cute.arch.warp_redux_sync(high, "umax")
+            low = cute.arch.warp_redux_sync(low, "umin")
+            if lane == 0:
+                bounds[warp] = high
+                bounds[self.warps + warp] = low
+        cute.arch.sync_threads()
+        if m <= 32:  # CTA-uniform: every warp ranks the gathered keys
+            ranked, take = self.rank(tail, need, lane)
+            found = Uint32(ranked)
+            settled = Int32(1)
+        else:
+            if tid < 32:
+                found2 = t
+                take2 = need
+                if m <= short_digits.TAIL:
+                    ranked, take2 = self.rank(tail, need, lane)
+                    found2 = Uint32(ranked)
+                else:
+                    mine = lane % self.warps
+                    found2 = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
+                    low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
+                    take2 = cutlass.select_(low == found2, need, Int32(-1))
+                if lane == 0:
+                    info[short_digits.DIGIT] = Int32(found2)
+                    info[short_digits.ABOVE] = take2
+                    info[short_digits.SETTLED] = cutlass.select_(take2 >= 0, Int32(1), Int32(0))
+            cute.arch.sync_threads()
+            settled = info[short_digits.SETTLED]
+            found = Uint32(cutlass.select_(settled != 0, Uint32(info[short_digits.DIGIT]), t))
+            take = cutlass.select_(settled != 0, info[short_digits.ABOVE], need)
+        return found, take, settled
+
+
+class OneBarrierTiesTaken(OneBarrierRounds, TiesTakenWrite):
+    pass
+
+
 def with_threads(cls, threads: int, pdl: bool = False):
     """``cls`` in CTAs of ``threads`` (rows of at most threads * PER keys), a programmatic dependent if ``pdl``."""
 
@@ -201,9 +351,12 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "pdl": with_threads(short_row.ShortRowTopk, short_row.THREADS, pdl=True),
         "512, branch-free": with_threads(BranchFreeCount, short_row.HALF),
         "512, ties-taken write": with_threads(TiesTakenWrite, short_row.HALF),
-        "512, both new": with_threads(BranchFreeTiesTaken, short_row.HALF)}
+        "512, both new": with_threads(BranchFreeTiesTaken, short_row.HALF),
+        "512, one-barrier rounds": with_threads(OneBarrierRounds, short_row.HALF),
+        "512, one-barrier + ties-taken": with_threads(OneBarrierTiesTaken, short_row.HALF)}
 # candidates: checked against the whole kernel's ids
-EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new")
+EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
+         "512, one-barrier rounds", "512, one-barrier + ties-taken")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -261,15 +414,57 @@ def phases(results: str | None) -> None:
     spans.emit(results)
 
 
+def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
+    """``--check``: each candidate's ids against the whole kernel's on ``cases`` seeded batches of
+    tests/inputs.py's kinds (ties, NaN, +-inf, -0.0, plateaus), widths of 1-8K, k of 1-4096,
+    lengths at k - 1, k, k + 1, 0 and the width, windows half the time; the candidates that
+    differed."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
+    from inputs import KINDS, scores
+
+    gen = torch.Generator().manual_seed(1)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    differed = {name: 0 for name in EXACT}
+    for case in range(cases):
+        rows, width = pick((1, 3, 8, 64, 200)), pick((1, 2, 31, 1000, 2049, 4096, 5000, 8191, 8192))
+        k = pick((1, 2, 7, 64, 512, 2048, 4096, max(width - 1, 1), width, width + 1))
+        src = scores(pick(KINDS), (rows, width), seed=case).to(device)
+        lengths = torch.tensor([pick((0, 1, k - 1, k, k + 1, width, int(torch.randint(width + 1, (1,), generator=gen))))
+                                for _ in range(rows)], dtype=torch.int32).clamp(0, width)
+        windowed = case % 2
+        starts = (torch.rand(rows, generator=gen) * lengths).int().to(device) if windowed else lengths.to(device)
+        lengths = lengths.to(device)
+        outs = {}
+        for name in ("whole", *EXACT):
+            f = kernels[name]
+            if width <= made[name].threads * short_digits.PER:
+                out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
+                f(src, lengths, starts, windowed, width, 1, k, out, out, out, 0, src, 0)
+                outs[name] = out
+        for name in EXACT:
+            if name in outs and not torch.equal(outs[name], outs["whole"]):
+                differed[name] += 1
+                print(f"{name}: differs at case {case} ({rows}x{width}, k={k})", flush=True)
+    print(f"checked {cases} batches: " + ", ".join(f"{name} {n} differed" for name, n in differed.items()))
+    return {name for name, n in differed.items() if n}
+
+
 def main() -> None:
     cli = parser(__doc__)
     cli.add_argument("--phases", action="store_true", help="the phase-marked builds' cycles and timeline")
+    cli.add_argument("--check", type=int, default=0, metavar="CASES",
+                     help="first the candidates' ids against the whole kernel's on CASES seeded batches (those "
+                          "that differ are not timed; exit 1)")
     args = cli.parse_args()
     if args.phases:
         return phases(args.results)
     table = Table(f"short-row path with phases cut out (us), k={K}, fp32", ["shape", "rows", *CUTS])
     made = {name: cls(torch.float32) for name, cls in CUTS.items()}
     kernels = {name: short_row.build(topk, torch.float32) for name, topk in made.items()}
+    failed = check(args.check, made, kernels) if args.check else set()
     for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (8, 16 << 10)]):
         for kind in ("randn", "ties"):
             sets = rotation(inputs(kind, rows, width), rows * width * 4)
@@ -282,14 +477,20 @@ def main() -> None:
             fits = {name: width <= made[name].threads * short_digits.PER for name in CUTS}
             call(kernels["whole"], 0)
             want = out.clone()
+            wrong = set(failed)  # candidates whose ids differ from the whole kernel's: not timed
             for name in EXACT:
                 if fits[name]:
                     out.fill_(-7)
                     call(kernels[name], 0)
-                    assert torch.equal(out, want), f"{name}: ids differ from the whole kernel's"
-            times = [graph_us(lambda i, f=f: call(f, i)) if fits[name] else "-" for name, f in kernels.items()]
+                    if not torch.equal(out, want):
+                        wrong.add(name)
+                        print(f"{name}: ids differ from the whole kernel's at {rows}x{width >> 10}K {kind}", flush=True)
+            times = ["wrong" if name in wrong else graph_us(lambda i, f=f: call(f, i)) if fits[name] else "-"
+                     for name, f in kernels.items()]
             table.add(f"{rows}x{width >> 10}K", kind, *times)
     table.emit(args.results)
+    if failed:
+        raise SystemExit(f"differed from the whole kernel: {', '.join(sorted(failed))}")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,32 @@ def test_profile_short_row_cut_builds_compile():
         short_row.build(cut(torch.float32), torch.float32)
 
 
+def test_profile_short_row_check_names_a_candidate_that_differs():
+    """``--check`` (run on the GPU) on stand-in kernels: the candidate that writes other ids than
+    the whole kernel is named, the others pass, and rows wider than a build's CTA are skipped."""
+    sys.path.insert(0, BENCHMARKS)
+    try:
+        import profile_short_row
+    finally:
+        sys.path.remove(BENCHMARKS)
+    from types import SimpleNamespace
+
+    def ids(src, lengths, starts, windowed, cols, block, k, out, *rest):
+        out.copy_((src.argsort(dim=1, descending=True, stable=True)[:, :k] if k <= cols else
+                   out.new_full(out.shape, -1)).int())
+
+    def off_by_one(src, lengths, starts, windowed, cols, block, k, out, *rest):
+        ids(src, lengths, starts, windowed, cols, block, k, out)
+        out[:, -1] += 1
+
+    names = ("whole", *profile_short_row.EXACT)
+    made = {name: SimpleNamespace(threads=1024 if name == "whole" else 512) for name in names}
+    kernels = {name: off_by_one if name == "512, one-barrier rounds" else ids for name in names}
+    assert profile_short_row.check(12, made, kernels, device="cpu") == {"512, one-barrier rounds"}
+    kernels["512, one-barrier rounds"] = ids
+    assert profile_short_row.check(12, made, kernels, device="cpu") == set()
+
+
 def test_profiled_short_row_builds_compile():
     """The phase-marked builds (``profile_short_row.py --phases``) at both CTA widths, for scores
     and for block keys (a pinned row's marks sit after its newest block)."""
