@@ -25,8 +25,8 @@ every key equal to t, one ballot a key places the keys >= t: 15 SASS instruction
 the shipped pass's 32, the row's base address taken once); both; one-barrier rounds (one
 256-bin histogram for the CTA, three in turn so the one a round counts into was cleared two
 rounds before, every warp finding the digit itself after the round's one barrier: no sums of
-lane copies, no one-warp scan, and a bin of <= 32 keys ranked by every warp), alone and with the
-ties-taken write. (Measured and dropped, H100, 7c4f372: warp sums of the histogram's copies,
+lane copies, no one-warp scan, and a bin of <= 32 keys ranked by every warp), at both widths,
+and at 512 threads with the ties-taken write. (Measured and dropped, H100, 7c4f372: warp sums of the histogram's copies,
 11.4 us against 10.7, and with the branch-free count, 10.7; both at 512 threads, 9.68 against
 8.95.) ``--check CASES`` first compares every candidate's ids with the whole kernel's over
 seeded adversarial batches (tests/inputs.py's kinds, k and lengths at the edges, windows).
@@ -352,11 +352,12 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "512, branch-free": with_threads(BranchFreeCount, short_row.HALF),
         "512, ties-taken write": with_threads(TiesTakenWrite, short_row.HALF),
         "512, both new": with_threads(BranchFreeTiesTaken, short_row.HALF),
+        "one-barrier rounds": OneBarrierRounds,
         "512, one-barrier rounds": with_threads(OneBarrierRounds, short_row.HALF),
         "512, one-barrier + ties-taken": with_threads(OneBarrierTiesTaken, short_row.HALF)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
-         "512, one-barrier rounds", "512, one-barrier + ties-taken")
+         "one-barrier rounds", "512, one-barrier rounds", "512, one-barrier + ties-taken")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -416,7 +417,7 @@ def phases(results: str | None) -> None:
 
 def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
     """``--check``: each candidate's ids against the whole kernel's on ``cases`` seeded batches of
-    tests/inputs.py's kinds (ties, NaN, +-inf, -0.0, plateaus), widths of 1-8K, k of 1-4096,
+    tests/inputs.py's kinds (ties, NaN, +-inf, -0.0, plateaus), widths of 1-16K, k of 1-4096,
     lengths at k - 1, k, k + 1, 0 and the width, windows half the time; the candidates that
     differed."""
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
@@ -429,7 +430,7 @@ def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
 
     differed = {name: 0 for name in EXACT}
     for case in range(cases):
-        rows, width = pick((1, 3, 8, 64, 200)), pick((1, 2, 31, 1000, 2049, 4096, 5000, 8191, 8192))
+        rows, width = pick((1, 3, 8, 64, 200)), pick((1, 2, 31, 1000, 2049, 4096, 5000, 8191, 8192, 12000, 16384))
         k = pick((1, 2, 7, 64, 512, 2048, 4096, max(width - 1, 1), width, width + 1))
         src = scores(pick(KINDS), (rows, width), seed=case).to(device)
         lengths = torch.tensor([pick((0, 1, k - 1, k, k + 1, width, int(torch.randint(width + 1, (1,), generator=gen))))
