@@ -20,22 +20,21 @@ Candidates (exact: their ids are checked against the whole kernel's before they 
 that differs reads "wrong" and is not timed):
 branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic); CTAs of
 512 threads (the 8K rows' CTA since bfb6d8a); the whole kernel as a programmatic dependent of the
-call before it. At 512 threads: the branch-free count; a ties-taken write (where the CTA keeps
-every key equal to t, one ballot a key places the keys >= t: 15 SASS instructions a key against
-the shipped pass's 32, the row's base address taken once); both; one-barrier rounds (one
-256-bin histogram for the CTA, three in turn so the one a round counts into was cleared two
-rounds before, every warp finding the digit itself after the round's one barrier: no sums of
-lane copies, no one-warp scan, and a bin of <= 32 keys ranked by every warp), at both widths,
-and at 512 threads with the ties-taken write. (Measured and dropped, H100, 7c4f372: warp sums of the histogram's copies,
-11.4 us against 10.7, and with the branch-free count, 10.7; both at 512 threads, 9.68 against
-8.95.) ``--check CASES`` first compares every candidate's ids with the whole kernel's over
-seeded adversarial batches (tests/inputs.py's kinds, k and lengths at the edges, windows).
+call before it. At 512 threads: the branch-free count; the lean builds' parts
+(``short_row.LEAN``, opt-in): the ties-taken write (where the CTA keeps every key equal to t, one
+ballot a key places the keys >= t: 15 SASS instructions a key against the shipped pass's 32),
+with the branch-free count, the one-barrier rounds (``short_digits``), and both (lean); the
+one-barrier rounds and the lean build at 1024 threads too (the 16K rows' CTA). (Measured and
+dropped, H100, 7c4f372: warp sums of the histogram's copies, 11.4 us against 10.7, and with the
+branch-free count, 10.7; both at 512 threads, 9.68 against 8.95.) ``--check CASES`` first
+compares every candidate's ids with the whole kernel's over seeded adversarial batches
+(tests/inputs.py's kinds, k and lengths at the edges, windows).
 
 Static SASS at 9373a8f (sm_90a, fp32): the whole kernel 4296 instructions a thread, 64
 registers, 4 bytes spilled, 113 divergent-branch blocks (BSSY); branch-free count 4176 and 49
 BSSY. At 14d9966, 512 threads: 4280 instructions, no spill, 113 BSSY; branch-free 4176, 49 BSSY;
-ties-taken write 4392 (both passes in the code), 98 BSSY; both 4280, 34 BSSY; one-barrier
-rounds 4072, 54 registers, 10 barriers in the code against 18; with the ties-taken write 4176.
+ties-taken write 4392 (both passes in the code), 98 BSSY; with the branch-free count 4280, 34
+BSSY; one-barrier rounds 4072, 54 registers, 10 barriers in the code against 18; lean 4176.
 """
 
 from __future__ import annotations
@@ -49,9 +48,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 from harness import Table, graph_us, parser, phase_marks, rotation
-from torch_sparse_decode.kernels.cute import popc, warp_inclusive
 from torch_sparse_decode.kernels.topk import short_digits, short_row
-from torch_sparse_decode.kernels.topk.cluster import ballot_of
 
 K = 2048
 
@@ -127,206 +124,15 @@ class BranchFreeCount(short_row.ShortRowTopk):
                 cute.arch.atomic_add(hist.iterator + (b * 32 + lane), cutlass.select_(live, Int32(1), Int32(0)))
 
 
-class TiesTakenWrite(short_row.ShortRowTopk):
-    """The output's second pass with one ballot a key where every key equal to t is kept (the
-    CTA's ties == take: random rows, whose t is one key): the kept keys are those >= t. Rows
-    that keep some ties only take the shipped pass. Both address the row's ids from its base."""
-
-    @cute.jit
-    def write_kept(self, keys, run, t, take, lo, row, out, staged, warp_sums, tid, marks):
-        lane, warp = tid % 32, tid // 32
-        below = Uint32(cute.arch.lanemask_lt())
-        counts = Int32(0)
-        for i in cutlass.range_constexpr(short_digits.PER):
-            if run > i:
-                counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
-        if lane == 0:
-            warp_sums[warp] = counts
-        cute.arch.sync_threads()
-        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
-        total = cute.arch.warp_redux_sync(cutlass.select_(lane < self.warps, warp_sums[lane % self.warps], Int32(0)),
-                                          "add")
-        width = out.shape[1]
-        ids = out[row, None]  # the row's base address once, not at every store
-        if (total >> 16) == take:  # CTA-uniform
-            kept_before = (before & Int32(0xFFFF)) + (before >> 16)
-            for i in cutlass.range_constexpr(short_digits.PER):
-                if run > i:
-                    kept = keys[i] >= t
-                    votes = ballot_of(kept)
-                    slot = kept_before + popc(votes & below)
-                    if kept & (slot < width):
-                        ids[slot] = lo + 32 * i
-                    kept_before = kept_before + popc(votes)
-        else:
-            kept_before = before & Int32(0xFFFF)
-            tied_before = before >> 16
-            for i in cutlass.range_constexpr(short_digits.PER):
-                if run > i:
-                    above = keys[i] > t
-                    at_t = keys[i] == t
-                    above_votes = ballot_of(above)
-                    tie_votes = ballot_of(at_t)
-                    mine_kept = kept_before + popc(above_votes & below)
-                    mine_tied = tied_before + popc(tie_votes & below)
-                    slot = mine_kept + min(mine_tied, take)
-                    if (above | (at_t & (mine_tied < take))) & (slot < width):
-                        ids[slot] = lo + 32 * i
-                    kept_before = kept_before + popc(above_votes)
-                    tied_before = tied_before + popc(tie_votes)
-
-
-class BranchFreeTiesTaken(BranchFreeCount, TiesTakenWrite):
-    pass
-
-
-class OneBarrierRounds(short_row.ShortRowTopk):
-    """Digit rounds of one barrier: one 256-bin histogram for the CTA (a warp's atomics to one bin
-    merge in ATOMS.POPC.INC; random bins meet in banks), three of them in turn, so that the one a
-    round counts into was cleared two rounds before, behind a barrier; after the round's barrier
-    every warp reads the histogram and finds the digit itself (the same in every warp), with no
-    sums of copies, no one-warp scan and no barrier after it. A short bin (<= 32 keys) is ranked
-    by every warp after the gather's barrier; longer ones settle as shipped."""
-
-    @cute.jit
-    def threshold(self, keys, run, k, hist, parts, info, tail, bounds, tid, marks):
-        need = k
-        t = Uint32(0)
-        m = Int32(0)  # the keys in the bin of t's digits so far
-        settled = Int32(0)
-        for p in cutlass.range_constexpr(self.rounds):
-            if cutlass.const_expr(p < self.tail_digits):
-                t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
-                self.mark(marks, f"digit {p}")
-            else:
-                if settled == 0:
-                    t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
-                    self.mark(marks, f"digit {p}")
-            if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
-                if settled == 0:
-                    found, need, settled = self.settle_bin(keys, run, t, need, m, p, info, tail, bounds, tid)
-                    t = Uint32(found)
-                    self.mark(marks, "tail")
-        low = 32 - short_digits.RADIX * self.rounds
-        if cutlass.const_expr(low > 0 and self.fill):
-            fill = Uint32((1 << low) - 1)
-            t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
-        return t, need
-
-    @cute.jit
-    def one_barrier_round(self, keys, run, t, need, p: cutlass.Constexpr[int], hist, tid):
-        """(t, need, the keys in the digit's bin) with digit p found, in every warp."""
-        shift = 32 - short_digits.RADIX * (p + 1)
-        base = (p % 3) * short_digits.BINS
-        lane = tid % 32
-        for i in cutlass.range_constexpr(short_digits.PER):
-            if run > i:
-                key = keys[i]
-                live = key != Uint32(0)
-                if cutlass.const_expr(p > 0):
-                    live = live & ((key >> Uint32(shift + short_digits.RADIX)) ==
-                                   (t >> Uint32(shift + short_digits.RADIX)))
-                if live:
-                    cute.arch.atomic_add(hist.iterator + (base + Int32((key >> Uint32(shift)) & Uint32(0xFF))),
-                                         Int32(1))
-        cute.arch.sync_threads()
-        # Lane l holds bins 255 - 8 l .. 248 - 8 l, from the top.
-        counts = cute.make_rmem_tensor(8, Int32)
-        mine = Int32(0)
-        for b in cutlass.range_constexpr(8):
-            counts[b] = hist[base + 255 - 8 * lane - b]
-            mine = mine + counts[b]
-        inclusive = warp_inclusive(mine, lane)
-        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
-        first = popc((reached & (Uint32(0) - reached)) - Uint32(1))
-        above = inclusive - mine
-        digit = Int32(0)
-        in_bin = Int32(0)
-        found = Int32(0)
-        for b in cutlass.range_constexpr(8):
-            hit = (found == 0) & (above + counts[b] >= need)
-            digit = cutlass.select_(hit, Int32(255 - b) - 8 * lane, digit)
-            in_bin = cutlass.select_(hit, counts[b], in_bin)
-            found = cutlass.select_(hit, Int32(1), found)
-            above = cutlass.select_(found == 0, above + counts[b], above)
-        digit = cute.arch.shuffle_sync(digit, first)
-        above = cute.arch.shuffle_sync(above, first)
-        in_bin = cute.arch.shuffle_sync(in_bin, first)
-        # The histogram two rounds on was last read in the round before this one's barrier.
-        later = ((p + 2) % 3) * short_digits.BINS
-        if tid < short_digits.BINS:
-            hist[later + tid] = Int32(0)
-        return t | (Uint32(digit) << Uint32(shift)), need - above, in_bin
-
-    @cute.jit
-    def settle_bin(self, keys, run, t, need, m, p: cutlass.Constexpr[int], info, tail, bounds, tid):
-        """``settle`` with the bin's count known to every warp: a bin of <= 32 keys is ranked by
-        every warp after the gather's barrier (no second barrier)."""
-        shift = 32 - short_digits.RADIX * (p + 1)
-        lane, warp = tid % 32, tid // 32
-        found = t
-        take = need
-        settled = Int32(0)
-        if m <= short_digits.TAIL:
-            for i in cutlass.range_constexpr(short_digits.PER):
-                if run > i:
-                    key = keys[i]
-                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
-                        tail[Int32(cute.arch.atomic_add(tail.iterator + short_digits.GATHERED, Uint32(1)))] = key
-        else:
-            high = Uint32(0)
-            low = Uint32(0xFFFFFFFF)
-            for i in cutlass.range_constexpr(short_digits.PER):
-                if run > i:
-                    key = keys[i]
-                    if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
-                        high = max(high, key)
-                        low = min(low, key)
-            high = cute.arch.warp_redux_sync(high, "umax")
-            low = cute.arch.warp_redux_sync(low, "umin")
-            if lane == 0:
-                bounds[warp] = high
-                bounds[self.warps + warp] = low
-        cute.arch.sync_threads()
-        if m <= 32:  # CTA-uniform: every warp ranks the gathered keys
-            ranked, take = self.rank(tail, need, lane)
-            found = Uint32(ranked)
-            settled = Int32(1)
-        else:
-            if tid < 32:
-                found2 = t
-                take2 = need
-                if m <= short_digits.TAIL:
-                    ranked, take2 = self.rank(tail, need, lane)
-                    found2 = Uint32(ranked)
-                else:
-                    mine = lane % self.warps
-                    found2 = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
-                    low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
-                    take2 = cutlass.select_(low == found2, need, Int32(-1))
-                if lane == 0:
-                    info[short_digits.DIGIT] = Int32(found2)
-                    info[short_digits.ABOVE] = take2
-                    info[short_digits.SETTLED] = cutlass.select_(take2 >= 0, Int32(1), Int32(0))
-            cute.arch.sync_threads()
-            settled = info[short_digits.SETTLED]
-            found = Uint32(cutlass.select_(settled != 0, Uint32(info[short_digits.DIGIT]), t))
-            take = cutlass.select_(settled != 0, info[short_digits.ABOVE], need)
-        return found, take, settled
-
-
-class OneBarrierTiesTaken(OneBarrierRounds, TiesTakenWrite):
-    pass
-
-
-def with_threads(cls, threads: int, pdl: bool = False):
-    """``cls`` in CTAs of ``threads`` (rows of at most threads * PER keys), a programmatic dependent if ``pdl``."""
+def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False):
+    """``cls`` in CTAs of ``threads`` (rows of at most threads * PER keys), a programmatic dependent if ``pdl``,
+    with the lean builds' ``one_barrier`` rounds and ``ties_taken`` write (``short_row.LEAN``) as asked."""
 
     class Sized(cls):
         def __init__(self, source):
             super().__init__(source)
             self.threads, self.warps, self.parts = threads, threads // 32, max(1, threads // short_digits.BINS)
-            self.pdl = pdl
+            self.pdl, self.one_barrier, self.ties_taken = pdl, one_barrier, ties_taken
 
     return Sized
 
@@ -350,14 +156,15 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "512 threads": with_threads(short_row.ShortRowTopk, short_row.HALF),
         "pdl": with_threads(short_row.ShortRowTopk, short_row.THREADS, pdl=True),
         "512, branch-free": with_threads(BranchFreeCount, short_row.HALF),
-        "512, ties-taken write": with_threads(TiesTakenWrite, short_row.HALF),
-        "512, both new": with_threads(BranchFreeTiesTaken, short_row.HALF),
-        "one-barrier rounds": OneBarrierRounds,
-        "512, one-barrier rounds": with_threads(OneBarrierRounds, short_row.HALF),
-        "512, one-barrier + ties-taken": with_threads(OneBarrierTiesTaken, short_row.HALF)}
+        "512, ties-taken write": with_threads(short_row.ShortRowTopk, short_row.HALF, ties_taken=True),
+        "512, both new": with_threads(BranchFreeCount, short_row.HALF, ties_taken=True),
+        "one-barrier rounds": with_threads(short_row.ShortRowTopk, short_row.THREADS, one_barrier=True),
+        "512, one-barrier rounds": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True),
+        "512, lean": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True),
+        "lean": with_threads(short_row.ShortRowTopk, short_row.THREADS, one_barrier=True, ties_taken=True)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
-         "one-barrier rounds", "512, one-barrier rounds", "512, one-barrier + ties-taken")
+         "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean")
 
 
 def inputs(kind: str, rows: int, width: int):

@@ -19,8 +19,8 @@ a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 
 the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its
 switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
-With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, the
-tile routing, the split router GEMM: each on half the time) and restores them after: every path
+With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path and its
+lean builds, the tile routing, the split router GEMM: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
@@ -465,7 +465,7 @@ def opt_in_switches():
     from torch_sparse_decode.ops.moe_route import tiles
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (tiles, "TILES", "route_tiles"),
+            (tsd_short_row(), "LEAN", "short_lean"), (tiles, "TILES", "route_tiles"),
             (split, "SPLIT", "router_split"))
 
 

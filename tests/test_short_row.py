@@ -22,10 +22,12 @@ from torch_sparse_decode.kernels.topk import launch, short_row
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 
-@pytest.fixture
-def short_rows(monkeypatch):
-    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0)."""
+@pytest.fixture(params=[False, True], ids=["plain", "lean"])
+def short_rows(monkeypatch, request):
+    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its shipped builds
+    and its lean ones (opt-in: ``short_row.LEAN``)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    monkeypatch.setattr(short_row, "LEAN", request.param)
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.int32])
@@ -50,7 +52,7 @@ def test_half_width_ctas_where_the_keys_fit(monkeypatch):
     for rows, width in ((1, half * short_row.PER), (500, half * short_row.PER), (1, half * short_row.PER + 1)):
         launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
-    assert [c[2] for c in configs] == [half, half, full]  # (source, pdl, threads, ord16, fused)
+    assert [c[2] for c in configs] == [half, half, full]  # (source, pdl, threads, ord16, fused, lean)
 
 
 def test_on_by_default_and_off_not_built(monkeypatch):
@@ -63,9 +65,35 @@ def test_on_by_default_and_off_not_built(monkeypatch):
     built = short_row.catalog(None)
     widths = (short_row.THREADS, short_row.HALF)
     for source in (*TOPK_SCORES, torch.int32):  # scores and block keys, fused or not; the DCP pack's ord16 keys
-        assert {(source, pdl.enabled(), w, False, f) for w in widths for f in (False, True)} <= set(built)
-    assert {(source, pdl.enabled(), w, True, False) for source in DCP_SCORES for w in widths} <= set(built)
+        assert {(source, pdl.enabled(), w, False, f, short_row.LEAN) for w in widths for f in (False, True)} <= \
+            set(built)
+    assert {(source, pdl.enabled(), w, True, False, short_row.LEAN) for source in DCP_SCORES for w in widths} <= \
+        set(built)
     assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
+
+
+def test_lean_builds_opt_in_and_built_as_asked(monkeypatch):
+    """The lean builds (one-barrier rounds, the ties-taken write) are off unless
+    TORCH_SPARSE_DECODE_SHORT_LEAN=1; the catalog and the launch follow ``LEAN``."""
+    assert short_row.LEAN == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN") == "1")
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    for lean in (False, True):
+        monkeypatch.setattr(short_row, "LEAN", lean)
+        assert {config[-1] for config in short_row.catalog(None)} == {lean}
+        configs = []
+        monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
+        launch.select(torch.zeros(1, 100), torch.zeros(1, dtype=torch.int32), 100, 1, 4,
+                      torch.empty(1, 4, dtype=torch.int32), pinned=False)
+        assert configs[0][-1] is lean
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
+@pytest.mark.parametrize("threads", [short_row.THREADS, short_row.HALF])
+def test_lean_builds_compile_and_fit_sm90(source, threads):
+    used = compiled_smem_bytes(short_row.compiled, source, False, threads, False, True, True)
+    assert used <= SM90_SMEM
+    if threads == short_row.HALF:
+        assert 2 * (used + 1024) <= SM90_SM_SMEM
 
 
 def routed(taken: list):

@@ -1,6 +1,6 @@
 """The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
 of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``,
-``profile``).
+``profile``, ``one_barrier``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
   that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
@@ -11,6 +11,12 @@ of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps
   remaining rounds where it can be: a bin of at most TAIL keys (randn rows of 8K-16K: ~10-70) is
   gathered into shared memory and one warp ranks it; a longer one whose keys are all equal
   (all-equal, few-valued and ReLU'd rows) is t. Others take the rounds.
+- ``one_barrier`` (opt-in, ``short_row.LEAN``): rounds of one barrier. One 256-bin histogram for
+  the CTA (a warp's atomics to one bin merge in one shared atomic; random bins meet in banks),
+  three in turn, so the one a round counts into was cleared two rounds before, behind a barrier;
+  after the round's barrier every warp reads it and finds the digit itself, the same in every
+  warp: no sums of copies, no one-warp scan, no barrier after it. A bin of at most 32 keys is
+  then ranked by every warp after the gather's barrier.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from ..cute import scan_from_top, stamp
+from ..cute import popc, scan_from_top, stamp, warp_inclusive
 
 PER = 16  # keys a thread holds at most
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
@@ -57,18 +63,19 @@ class ShortDigits:
         """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
         need = k
         t = Uint32(0)
+        m = Int32(0)  # one_barrier: the keys in the bin of t's digits so far, known to every warp
         settled = Int32(0)  # t is known: the remaining rounds are skipped (CTA-uniform)
         for p in cutlass.range_constexpr(self.rounds):
             if cutlass.const_expr(p < self.tail_digits):
-                t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+                t, need, m = self.next_digit(keys, run, t, need, m, k, p, hist, parts, info, tid)
                 self.mark(marks, f"digit {p}")
             else:
                 if settled == 0:
-                    t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+                    t, need, m = self.next_digit(keys, run, t, need, m, k, p, hist, parts, info, tid)
                     self.mark(marks, f"digit {p}")
             if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
                 if settled == 0:
-                    found, need, settled = self.settle(keys, run, t, need, p, parts, info, tail, bounds, tid)
+                    found, need, settled = self.settle(keys, run, t, need, m, p, parts, info, tail, bounds, tid)
                     t = Uint32(found)
                     self.mark(marks, "tail")
         low = 32 - RADIX * self.rounds
@@ -76,6 +83,51 @@ class ShortDigits:
             fill = Uint32((1 << low) - 1)
             t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
         return t, need
+
+    @cute.jit
+    def next_digit(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, m: Int32, k: Int32,
+              p: cutlass.Constexpr[int], hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor, tid: Int32):
+        """(t, need, m) with digit p found (m: one_barrier's bin count, else left as it was)."""
+        if cutlass.const_expr(self.one_barrier):
+            t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
+        else:
+            t, need = self.digit_round(keys, run, t, need, k, p, hist, parts, info, tid)
+        return t, need, m
+
+    @cute.jit
+    def one_barrier_round(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, p: cutlass.Constexpr[int],
+                          hist: cute.Tensor, tid: Int32):
+        """(t, need, the keys in the digit's bin) with digit p found, in every warp: one barrier."""
+        shift = 32 - RADIX * (p + 1)
+        base = (p % 3) * BINS  # histogram p % 3 of three
+        self.count(keys, run, t, p, shift, hist, tid, base)
+        cute.arch.sync_threads()
+        lane = tid % 32
+        counts = cute.make_rmem_tensor(8, Int32)  # lane l: bins 255 - 8 l .. 248 - 8 l, from the top
+        mine = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            counts[b] = hist[base + 255 - 8 * lane - b]
+            mine = mine + counts[b]
+        inclusive = warp_inclusive(mine, lane)
+        reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
+        first = popc((reached & (Uint32(0) - reached)) - Uint32(1))  # the first lane whose bins reach need
+        above = inclusive - mine
+        digit = Int32(0)
+        in_bin = Int32(0)
+        found = Int32(0)
+        for b in cutlass.range_constexpr(8):
+            hit = (found == 0) & (above + counts[b] >= need)
+            digit = cutlass.select_(hit, Int32(255 - b) - 8 * lane, digit)
+            in_bin = cutlass.select_(hit, counts[b], in_bin)
+            found = cutlass.select_(hit, Int32(1), found)
+            above = cutlass.select_(found == 0, above + counts[b], above)
+        digit = cute.arch.shuffle_sync(digit, first)
+        above = cute.arch.shuffle_sync(above, first)
+        in_bin = cute.arch.shuffle_sync(in_bin, first)
+        later = ((p + 2) % 3) * BINS  # read last in the round before this one's barrier
+        if tid < BINS:
+            hist[later + tid] = Int32(0)
+        return t | (Uint32(digit) << Uint32(shift)), need - above, in_bin
 
     @cute.jit
     def digit_round(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, k: Int32,
@@ -92,13 +144,14 @@ class ShortDigits:
         return t | (Uint32(info[DIGIT]) << Uint32(shift)), need - info[ABOVE]
 
     @cute.jit
-    def settle(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, p: cutlass.Constexpr[int],
+    def settle(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, m: Int32, p: cutlass.Constexpr[int],
                parts: cute.Tensor, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
-        """(t, need, settled) after digit p, from the bin of keys whose digits are t's so far: a
-        short bin is gathered into ``tail`` and one warp ranks it; a long one's bounds are found,
-        and if they meet, t is its one key."""
+        """(t, need, settled) after digit p, from the bin of keys whose digits are t's so far (m of
+        them: one_barrier's count, else read here): a short bin is gathered into ``tail`` and
+        ranked; a long one's bounds are found, and if they meet, t is its one key."""
         shift = 32 - RADIX * (p + 1)
-        m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
+        if cutlass.const_expr(not self.one_barrier):
+            m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
         lane, warp = tid % 32, tid // 32
         if m <= TAIL:
             for i in cutlass.range_constexpr(PER):
@@ -121,6 +174,24 @@ class ShortDigits:
                 bounds[warp] = high
                 bounds[self.warps + warp] = low
         cute.arch.sync_threads()
+        if cutlass.const_expr(self.one_barrier):
+            found = t
+            take = need
+            settled = Int32(1)
+            if m <= 32:  # CTA-uniform: every warp ranks the gathered keys, no second barrier
+                ranked, take = self.rank(tail, need, lane)
+                found = Uint32(ranked)
+            else:
+                decided, take, settled = self.decide(t, need, m, info, tail, bounds, lane, tid)
+                found = Uint32(decided)
+        else:
+            found, take, settled = self.decide(t, need, m, info, tail, bounds, lane, tid)
+        return found, take, settled
+
+    @cute.jit
+    def decide(self, t: Uint32, need: Int32, m: Int32, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor,
+               lane: Int32, tid: Int32):
+        """``settle``'s verdict from one warp, shared through ``info`` behind a barrier."""
         if tid < 32:
             found = t
             take = need
@@ -168,13 +239,13 @@ class ShortDigits:
 
     @cute.jit
     def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],
-              shift: cutlass.Constexpr[int], hist: cute.Tensor, tid: Int32):
+              shift: cutlass.Constexpr[int], hist: cute.Tensor, tid: Int32, base: cutlass.Constexpr[int] = 0):
         """Add this thread's keys whose digits above digit p are t's to its lane's histogram copy,
         one atomic a key, in the lane's own bank. (Adding a run of equal digits at once cost more in
         branches than it saved in atomics, and one histogram per warp with match.any more still:
         H200, 1 x 8K, 14.7 and 16.5 us against 12.1; lane-major copies, whose random bins meet in
         banks, timed the same as these: 10.7 us.) Keys past the run are skipped by a branch the
-        whole CTA takes alike."""
+        whole CTA takes alike. one_barrier: to the CTA's one histogram at ``base``, bin-indexed."""
         lane = tid % 32
         for i in cutlass.range_constexpr(PER):
             if run > i:
@@ -183,8 +254,12 @@ class ShortDigits:
                 if cutlass.const_expr(p > 0):
                     live = live & ((key >> Uint32(shift + RADIX)) == (t >> Uint32(shift + RADIX)))
                 if live:
-                    cute.arch.atomic_add(hist.iterator + (Int32((key >> Uint32(shift)) & Uint32(BINS - 1)) * 32 + lane),
-                                         Int32(1))
+                    if cutlass.const_expr(self.one_barrier):
+                        cute.arch.atomic_add(hist.iterator + (base + Int32((key >> Uint32(shift)) & Uint32(BINS - 1))),
+                                             Int32(1))
+                    else:
+                        cute.arch.atomic_add(
+                            hist.iterator + (Int32((key >> Uint32(shift)) & Uint32(BINS - 1)) * 32 + lane), Int32(1))
 
     @cute.jit
     def sum_copies(self, hist: cute.Tensor, parts: cute.Tensor, tid: Int32):

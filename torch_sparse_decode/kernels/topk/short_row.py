@@ -20,6 +20,10 @@ scores (``indexer_topk``, ``indexer_topk_fused``), block keys with the newest bl
 - A row of at most k keys keeps them all (every valid id, then -1), as the engine does; block
   keys put the newest block after the kept ones.
 
+Lean builds (opt-in, ``LEAN``: TORCH_SPARSE_DECODE_SHORT_LEAN=1, until they have run on the GPU):
+digit rounds of one barrier (``short_digits``), and where the CTA keeps every key equal to t, the
+output's second pass as one ballot a key over the keys >= t (``write_at_least``).
+
 The ops take it where ``launch.select`` finds the batch's key columns <= SHORT_MAX (a shape test:
 graph-safe, and both paths are exact, so a row's ids never depend on the other rows), unless
 ``SHORT_ROWS`` is off (TORCH_SPARSE_DECODE_SHORT_ROWS=0). Its times: docs/topk_engine.md.
@@ -48,6 +52,9 @@ from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, PHASES, TAIL,
 # On by default (faster than the engine at every shape it takes; docs/topk_engine.md);
 # TORCH_SPARSE_DECODE_SHORT_ROWS=0 sends every batch to the engine.
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "1") != "0"
+# Opt-in until it has run on the GPU (TORCH_SPARSE_DECODE_SHORT_LEAN=1): the lean builds, rounds of
+# one barrier (``short_digits``) and the ties-taken write (``write_kept``). Read at each launch.
+LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "0") == "1"
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes
@@ -67,10 +74,12 @@ class ShortRowTopk(ShortDigits):
     CTAs of ``threads`` (THREADS or HALF); ``ord16``: scores ranked by their bf16 ord16 (the DCP
     pack); ``fused``: ids written through ``Outputs``; ``pdl``: launched as a programmatic
     dependent of the kernel before (``kernels/pdl.py``); ``profile``: a row of more than k keys
-    writes its phases' clocks after its k ids (``write_marks``; benchmarks/profile_short_row.py)."""
+    writes its phases' clocks after its k ids (``write_marks``; benchmarks/profile_short_row.py);
+    ``one_barrier``: digit rounds of one barrier (``short_digits``); ``ties_taken``: where the CTA
+    keeps every key equal to t, one ballot a key places the keys >= t (``write_kept``)."""
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-                 fused: bool = False, profile: bool = False):
+                 fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False):
         self.source = cute_type(source)
         self.pinned = source is BLOCK_KEYS
         self.ord16 = ord16
@@ -83,6 +92,8 @@ class ShortRowTopk(ShortDigits):
         self.warps = threads // 32
         self.parts = threads // BINS  # the copies are summed in parts groups of 32 // parts
         self.profile = profile
+        self.one_barrier = one_barrier
+        self.ties_taken = ties_taken
 
     @cute.jit  # HALF CTAs: two an SM, so 64 registers a thread (the carveout: shared memory first)
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
@@ -196,6 +207,39 @@ class ShortRowTopk(ShortDigits):
         width = out.shape[1]
         if cutlass.const_expr(self.fused):
             width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
+        if cutlass.const_expr(self.ties_taken):
+            total = cute.arch.warp_redux_sync(cutlass.select_(lane < self.warps, warp_sums[lane % self.warps],
+                                                              Int32(0)), "add")
+            if (total >> 16) == take:  # CTA-uniform; random rows: t is one key, and kept
+                self.write_at_least(keys, run, t, kept_before + tied_before, lo, below, out[row, None], staged, width)
+            else:
+                self.write_places(keys, run, t, take, lo, row, below, kept_before, tied_before, out, staged, width)
+        else:
+            self.write_places(keys, run, t, take, lo, row, below, kept_before, tied_before, out, staged, width)
+        self.mark(marks, "written")
+
+    @cute.jit
+    def write_at_least(self, keys: cute.Tensor, run: Int32, t: Uint32, kept_before: Int32, lo: Int32, below: Uint32,
+                       ids: cute.Tensor, staged: cute.Tensor, width: Int32):
+        """Every key >= t at its place (the CTA keeps every key equal to t): one ballot a key, the
+        row's ids addressed from its base."""
+        for i in cutlass.range_constexpr(PER):
+            if run > i:
+                kept = keys[i] >= t
+                votes = ballot_of(kept)
+                slot = kept_before + popc(votes & below)
+                if kept & (slot < width):
+                    if cutlass.const_expr(self.fused):
+                        staged[slot] = lo + 32 * i
+                    else:
+                        ids[slot] = lo + 32 * i
+                kept_before = kept_before + popc(votes)
+
+    @cute.jit
+    def write_places(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
+                     below: Uint32, kept_before: Int32, tied_before: Int32, out: cute.Tensor, staged: cute.Tensor,
+                     width: Int32):
+        """Keys > t and the first ``take`` keys == t at their places: two ballots a key."""
         for i in cutlass.range_constexpr(PER):
             if run > i:
                 above = keys[i] > t
@@ -212,7 +256,6 @@ class ShortRowTopk(ShortDigits):
                         out[row, slot] = lo + 32 * i
                 kept_before = kept_before + popc(above_votes)
                 tied_before = tied_before + popc(tie_votes)
-        self.mark(marks, "written")
 
     @cute.jit
     def write_marks(self, out: cute.Tensor, marks: cute.Tensor, began: Int64, row: Int32, k: Int32, tid: Int32):
@@ -228,25 +271,26 @@ class ShortRowTopk(ShortDigits):
                 out[row, k + 1 + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
-# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused).
+# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean).
 def catalog(target) -> list[tuple]:
     """Every build ``launch.select`` takes, while the path is on (``SHORT_ROWS``), as
-    programmatic dependents where ``pdl.enabled()`` says so: scores of each dtype with and without
-    the fused outputs, block keys likewise, and the DCP pack's ord16 keys; each at both widths."""
+    programmatic dependents where ``pdl.enabled()`` says so, lean where ``LEAN`` says so: scores of
+    each dtype with and without the fused outputs, block keys likewise, and the DCP pack's ord16
+    keys; each at both widths."""
     if not SHORT_ROWS:
         return []
     on = pdl.enabled()
     sources = [(s, False, f) for s in (*TOPK_SCORES, BLOCK_KEYS) for f in (False, True)]
     sources += [(s, True, False) for s in DCP_SCORES]
-    return [(s, on, threads, ord16, f) for s, ord16, f in sources for threads in (THREADS, HALF)]
+    return [(s, on, threads, ord16, f, LEAN) for s, ord16, f in sources for threads in (THREADS, HALF)]
 
 
 @cached_kernel("topk_short_row", catalog)
 def compiled(source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-             fused: bool = False):
+             fused: bool = False, lean: bool = False):
     """The short-row select for one source (a score dtype, or int32 block keys) in CTAs of
-    ``threads``, from fake tensors (no GPU needed)."""
-    return build(ShortRowTopk(source, pdl, threads, ord16, fused), source)
+    ``threads``, lean or not (``LEAN``), from fake tensors (no GPU needed)."""
+    return build(ShortRowTopk(source, pdl, threads, ord16, fused, one_barrier=lean, ties_taken=lean), source)
 
 
 def build(topk: ShortRowTopk, source: torch.dtype):
