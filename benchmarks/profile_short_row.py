@@ -196,7 +196,7 @@ def phases(results: str | None) -> None:
                 continue
             profiled = short_row.build(short_row.ShortRowTopk(torch.float32, threads=threads, profile=True),
                                        torch.float32)
-            plain = short_row.compiled(torch.float32, False, threads)
+            plain = short_row.compiled(torch.float32, False, threads, False, False, False)  # as launch.select asks
             for kind in ("randn", "ties"):
                 sets = rotation(inputs(kind, rows, width), rows * width * 4)
                 out = torch.full((rows, K + 1 + len(names) + 2), -7, dtype=torch.int32, device="cuda")
