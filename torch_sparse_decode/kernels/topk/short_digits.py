@@ -86,7 +86,7 @@ class ShortDigits:
 
     @cute.jit
     def next_digit(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, m: Int32, k: Int32,
-              p: cutlass.Constexpr[int], hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor, tid: Int32):
+                   p: cutlass.Constexpr[int], hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor, tid: Int32):
         """(t, need, m) with digit p found (m: one_barrier's bin count, else left as it was)."""
         if cutlass.const_expr(self.one_barrier):
             t, need, m = self.one_barrier_round(keys, run, t, need, p, hist, tid)
