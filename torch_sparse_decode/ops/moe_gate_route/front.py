@@ -33,7 +33,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from ...kernels import pdl
 from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import copy_async16, load_global16, load_shared16
-from ..moe_route.kernel import KEY_NONE, THREADS, WARPS, MoeRoute, canonical, expert_key, sigmoid, warp_sum
+from ..moe_route.kernel import THREADS, WARPS, MoeRoute
+from ..moe_route.scoring import KEY_NONE, canonical, expert_key, scored, sigmoid, warp_sum
 
 MAX_TOKENS = 16  # the most tokens a launch takes (the mailbox's rows a parity); the op's switch is lower
 CHUNK = 4  # the most tokens whose hidden vectors a thread holds in registers at a time
@@ -63,11 +64,7 @@ def bf16_pair(word: Uint32):
 def record_of(logit: Float32, bias: Float32) -> Int64:
     """The published record of a logit: (score bits, then score + bias bits above them), NaN as
     (0, -inf) and -0.0 as +0.0, exactly as ``moe_route`` keys the score."""
-    score = sigmoid(logit)
-    key = score + bias
-    if (score != score) | (key != key):
-        score = Float32(0.0)
-        key = -Float32.inf
+    score, key = scored(sigmoid(logit), bias)
     key = canonical(key)
     return (Int64(key.bitcast(Uint32)) << 32) | Int64(score.bitcast(Uint32))
 
