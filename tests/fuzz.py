@@ -462,11 +462,11 @@ def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.ops.moe_gate_route import split
-    from torch_sparse_decode.ops.moe_route import tiles
+    from torch_sparse_decode.ops.moe_route import tiles, warps
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (tiles, "TILES", "route_tiles"),
-            (split, "SPLIT", "router_split"))
+            (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:

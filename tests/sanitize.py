@@ -49,7 +49,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     import torch_sparse_decode as tsd
     from torch_sparse_decode import dcp
     from torch_sparse_decode.dtypes import TOPK_SCORES
-    from torch_sparse_decode.ops.moe_route import tiles
+    from torch_sparse_decode.ops.moe_route import tiles, warps
 
     bad = 0
 
@@ -221,6 +221,12 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                                       kept, tiled[1], tiled[0])
                     expect(f"moe_route tiles {experts}/{topk} groups {groups}/{kept} renormalize={renormalize} "
                            f"sigmoid={sigmoid} {dtype}", tiled[0], ids)
+                if warps.fits(experts, groups, topk):  # and the warp kernel
+                    warped = torch.full_like(ids, -7), torch.full_like(weights, float("nan"))
+                    warps.route(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize, 1.0, sigmoid, groups, kept,
+                                warped[1], warped[0])
+                    expect(f"moe_route warps {experts}/{topk} groups {groups}/{kept} renormalize={renormalize} "
+                           f"sigmoid={sigmoid} {dtype}", warped[0], ids)
     # The router front: T = 1 .. 16 through the front kernel (past the op's switch too), the two
     # model shapes, routing checked against moe_route of the front's own logits (each case runs
     # twice: both mailbox parities). T = 17 (the GEMM path) not under racecheck: cuBLAS's

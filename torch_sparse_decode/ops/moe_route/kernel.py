@@ -46,7 +46,7 @@ from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
 from ...kernels.cute import warps_before
 from ...dtypes import WARM_SCORES, cute_type
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
-from . import tiles
+from . import tiles, warps
 from .scoring import KEY_NONE, canonical, expert_key, renormalized, scored, sigmoid
 
 THREADS = 256
@@ -320,6 +320,10 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
               ids) -> None:
     """The CUDA kernel of ``sparse_decode::moe_route`` (arguments already checked)."""
     if scores.shape[0] == 0:
+        return
+    if warps.takes(scores, num_expert_group, topk):  # opt-in: one warp a token
+        warps.route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
+                    pdl.enabled())
         return
     if tiles.takes(scores, num_expert_group, topk):  # many tokens (opt-in): the Triton tile kernel
         tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,

@@ -1,0 +1,213 @@
+"""``moe_route`` with one warp per token (CuTe DSL, SM90): no shared memory and no block barrier.
+
+Why: the CTA kernel (``kernel.py``) gives each token 256 threads and a chain of block syncs
+(threshold, compaction, ranking). At T = 4096 its 4096 CTAs queue in waves and the chains add up
+(DeepSeek-V3: 17 us beside FlashInfer's 12.6); the Triton tile kernel (``tiles.py``) was slower
+still. Here a token's experts fit one warp's registers (E <= 512: 16 a lane) and every step is a
+warp reduction (``redux.sync``), so 4096 tokens are 4096 independent warps, resident at once.
+
+Expert ``e`` lives in lane ``e % 32``, register ``e // 32``; its key is ``ordered(score + bias)``
+(the fp32 order as a signed int32, NaN as -inf, -0.0 as +0.0), its weight score beside it.
+
+1. Groups (``num_expert_group`` > 1, groups of a multiple of 32 experts): group ``g`` is registers
+   ``g * c .. g * c + c - 1`` of every lane (c = group size / 32). Its two best keys: the warp max
+   of the lanes' bests, the lowest lane holding it, then the warp max of every lane's best with
+   that lane's second in its place. Their fp32 sum (canonical) is the group score; every lane
+   holds every group score, ranks them (ties to the lower group) and drops the experts of groups
+   past ``topk_group`` to ``NONE``.
+2. ``topk`` rounds: each lane's best (its lowest register on ties: the lower expert id), the warp
+   max of those, and of the lanes holding it the lowest expert id (``redux.sync.min``): the
+   reference's order, ties to the lower id. The winner drops to ``NONE``; lane ``r`` keeps round
+   ``r``'s id and weight score.
+3. Lanes < ``topk`` renormalize over the warp (``scoring.renormalized``, the reference's order of
+   additions), scale and store: ids in key order, no sort.
+
+Routings of more than 512 experts or 8 a token, and groups not a multiple of 32 experts, stay on
+the CTA kernel.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32
+
+from ...dtypes import WARM_SCORES, cute_type
+from ...kernels import pdl
+from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
+from ...kernels.cute import warp_max, warp_min
+from .scoring import canonical, ordered, renormalized, scored, sigmoid
+
+# Opt-in (TORCH_SPARSE_DECODE_ROUTE_WARPS=1) until it has run on the GPU (tests, fuzzer,
+# sanitizer) and its token threshold is measured.
+ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "0") == "1"
+MIN_TOKENS = 1  # fewer stay on the CTA kernel: to measure
+MAX_EXPERTS = 512  # 16 keys and 16 scores a lane
+MAX_TOPK = 8
+TOKENS = 4  # warps (tokens) a CTA
+NONE = -(1 << 31)  # below every real key's ordered bits (-inf's are above it)
+
+
+@cute.jit
+def unordered(high: Int32) -> Float32:
+    """The fp32 key of ``ordered`` bits (the flip is its own inverse)."""
+    return (high ^ ((high >> 31) & Int32(0x7FFFFFFF))).bitcast(Float32)
+
+
+class WarpRoute:
+    """Routing for one static configuration (as ``kernel.MoeRoute``), one warp a token."""
+
+    def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1,
+                 topk_group: int = 1, pdl: bool = False):
+        self.pdl = pdl
+        self.experts, self.topk = experts, topk
+        self.renormalize, self.apply_sigmoid = renormalize, apply_sigmoid
+        self.groups, self.topk_group = groups, topk_group
+        self.per_lane = -(-experts // 32)
+        self.chunk = experts // groups // 32 if groups > 1 else 0  # registers a group spans
+
+    @cute.jit
+    def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
+                 ids: cute.Tensor, stream):
+        tokens = scores.shape[0]
+        self.kernel(scores, bias, scale, weights, ids).launch(
+            grid=[(tokens + TOKENS - 1) // TOKENS, 1, 1], block=[32 * TOKENS, 1, 1], stream=stream,
+            use_pdl=self.pdl
+        )
+
+    @cute.jit
+    def keep_best_groups(self, high: cute.Tensor, lane: Int32):
+        """Step 1: experts outside the ``topk_group`` best groups drop to ``NONE``."""
+        group_high = cute.make_rmem_tensor(self.groups, Int32)
+        for g in cutlass.range_constexpr(self.groups):
+            first = Int32(NONE)
+            second = Int32(NONE)
+            for j in cutlass.range_constexpr(self.chunk):
+                v = high[g * self.chunk + j]
+                second = max(second, min(first, v))
+                first = max(first, v)
+            top = warp_max(first)
+            owner = warp_min(cutlass.select_(first == top, lane, Int32(32)))
+            runner = warp_max(cutlass.select_(lane == owner, second, first))
+            group_high[g] = ordered(canonical(unordered(top) + unordered(runner)))
+        for g in cutlass.range_constexpr(self.groups):
+            above = Int32(0)
+            for q in cutlass.range_constexpr(self.groups):
+                if cutlass.const_expr(q < g):
+                    above += Int32(group_high[q] >= group_high[g])
+                elif cutlass.const_expr(q > g):
+                    above += Int32(group_high[q] > group_high[g])
+            if above >= self.topk_group:
+                for j in cutlass.range_constexpr(self.chunk):
+                    high[g * self.chunk + j] = Int32(NONE)
+
+    @cute.kernel
+    def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
+               ids: cute.Tensor):
+        tid, _, _ = cute.arch.thread_idx()
+        block, _, _ = cute.arch.block_idx()
+        lane = tid % 32
+        token = block * TOKENS + tid // 32
+        if cutlass.const_expr(self.pdl):
+            # The scores are the kernel before's output: wait for it (a no-op after a plain
+            # launch). Whatever follows may be scheduled now: it waits for this grid itself.
+            cute.arch.griddepcontrol_wait()
+            cute.arch.griddepcontrol_launch_dependents()
+        if token < scores.shape[0]:  # warp-uniform: every redux below has its whole warp
+            high = cute.make_rmem_tensor(self.per_lane, Int32)
+            score_of = cute.make_rmem_tensor(self.per_lane, Float32)
+            for i in cutlass.range_constexpr(self.per_lane):
+                expert = lane + 32 * i
+                high[i] = Int32(NONE)
+                score_of[i] = Float32(0.0)
+                if expert < self.experts:
+                    score = scores[token, expert].to(Float32)
+                    if cutlass.const_expr(self.apply_sigmoid):
+                        score = sigmoid(score)
+                    score, key = scored(score, bias[expert].to(Float32))
+                    high[i] = ordered(key)
+                    score_of[i] = score
+            if cutlass.const_expr(self.groups > 1):
+                self.keep_best_groups(high, lane)
+
+            # 2. topk rounds; lane r keeps round r's expert and weight score.
+            chosen = Int32(0)
+            picked = Float32(0.0)
+            for r in cutlass.range_constexpr(self.topk):
+                best = high[0]
+                at = Int32(0)
+                best_score = score_of[0]
+                for i in cutlass.range_constexpr(1, self.per_lane):
+                    better = high[i] > best
+                    best = cutlass.select_(better, high[i], best)
+                    at = cutlass.select_(better, Int32(i), at)
+                    best_score = cutlass.select_(better, score_of[i], best_score)
+                top = warp_max(best)
+                winner = warp_min(cutlass.select_(best == top, lane + 32 * at, Int32(1 << 30)))
+                weight = cute.arch.shuffle_sync(best_score, winner % 32)
+                if lane == winner % 32:
+                    for i in cutlass.range_constexpr(self.per_lane):
+                        if at == i:
+                            high[i] = Int32(NONE)
+                if lane == r:
+                    chosen = winner
+                    picked = weight
+
+            # 3. Weights over the warp (lanes past topk hold 0), scaled; ids in key order.
+            if cutlass.const_expr(self.renormalize):
+                picked = renormalized(picked)
+            if lane < self.topk:
+                ids[token, lane] = chosen
+                weights[token, lane] = (picked * scale).to(weights.element_type)
+
+
+def fits(experts: int, groups: int, topk: int) -> bool:
+    """Whether this kernel can route this shape at all (the module's limits)."""
+    return experts <= MAX_EXPERTS and topk <= MAX_TOPK and (groups <= 1 or (experts // groups) % 32 == 0)
+
+
+def takes(scores: torch.Tensor, num_expert_group: int, topk: int) -> bool:
+    """Whether the op routes ``scores`` here: switched on, enough tokens, a shape that fits."""
+    return ON and scores.shape[0] >= MIN_TOKENS and fits(scores.shape[1], num_expert_group, topk)
+
+
+def route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
+          pdl_on: bool = False) -> None:
+    """``moe_route`` by this kernel (arguments checked, a shape that ``fits``)."""
+    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
+             weights.dtype, pdl_on)(scores, bias, scale, weights, ids)
+
+
+def catalog(target: Target) -> list[tuple]:
+    """Where switched on, the catalog's routings (``kernel.catalog``) this kernel takes."""
+    if not ON:
+        return []
+    configs = []
+    for model in target.models:
+        groups, kept = model.grouping
+        if not fits(model.experts, groups, model.topk):
+            continue
+        for source in WARM_SCORES:
+            for apply_sigmoid in (False, True):
+                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
+                                torch.float32, torch.float32, pdl.enabled()))
+    return configs
+
+
+@cached_kernel("moe_route_warps", catalog)
+def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
+             source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
+             weights_dtype: torch.dtype = torch.float32, pdl: bool = False):
+    """The kernel at one static configuration, from fake tensors (no GPU needed)."""
+    tokens = cute.sym_int()
+    scores = fake_tensor(cute_type(source), (tokens, experts), (experts, 1))
+    bias = fake_tensor(cute_type(bias_dtype), (experts,), (1,))
+    weights = fake_tensor(cute_type(weights_dtype), (tokens, topk), (topk, 1))
+    ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
+    kernel = WarpRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl)
+    return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
