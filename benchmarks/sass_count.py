@@ -1,4 +1,4 @@
-"""The static SASS of the one-CTA short-row kernels and of the tile router, on a machine without a
+"""The static SASS of the one-CTA short-row kernels and of the routers, on a machine without a
 GPU: registers, spills, instructions, and the floor those instructions set.
 
     python benchmarks/sass_count.py [--results FILE]
@@ -92,9 +92,27 @@ def route_tiles_ptx() -> tuple[str, int, int]:
             ROUTE_TOKENS // tiles.TOKENS)
 
 
+def route_ptx() -> list[tuple[str, str, int, int]]:
+    """(name, PTX, warps, CTAs) of the CTA router and the warp router at ROUTE_TOKENS tokens:
+    DeepSeek-V3's routing and Kimi-K2's (384 experts, top 8), logits in fp32."""
+    from torch_sparse_decode.build_kernels import kernel_ptx
+    from torch_sparse_decode.ops.moe_route import kernel, warps
+
+    builds = []
+    for model, experts, groups, kept in (("DeepSeek-V3", 256, 8, 4), ("Kimi-K2", 384, 1, 1)):
+        config = (experts, 8, True, True, groups, kept, torch.float32, torch.float32, torch.float32, False)
+        builds.append((f"moe_route CTA {model}, T = {ROUTE_TOKENS}",
+                       kernel_ptx("torch_sparse_decode.ops.moe_route.kernel", "moe_route", config),
+                       kernel.WARPS, ROUTE_TOKENS))
+        builds.append((f"moe_route warps {model}, T = {ROUTE_TOKENS}",
+                       kernel_ptx("torch_sparse_decode.ops.moe_route.warps", "moe_route_warps", config),
+                       warps.TOKENS, ROUTE_TOKENS // warps.TOKENS))
+    return builds
+
+
 def main() -> None:
     args = parser(__doc__).parse_args()
-    table = Table("static SASS of the one-CTA short-row kernels and the tile router (sm_90a)",
+    table = Table("static SASS of the one-CTA short-row kernels and the routers (sm_90a)",
                   ["kernel", "warps", "CTAs", "registers", "spilled bytes", "instructions", *WATCHED,
                    "issue floor (us)"],
                   timing=f"floor: instructions x warps x CTAs / ({SCHEDULERS} schedulers x min(CTAs, {SMS}) SMs) "
@@ -104,6 +122,7 @@ def main() -> None:
                   for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))]
         if not args.quick:
             builds.append((f"route_tiles DeepSeek-V3, T = {ROUTE_TOKENS}", *route_tiles_ptx()))
+            builds += route_ptx()
         for name, ptx, warps, ctas in builds:
             cubin, registers, spilled = assemble(ptx, folder)
             ops = opcodes(cubin, folder)

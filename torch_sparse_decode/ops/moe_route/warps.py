@@ -117,52 +117,52 @@ class WarpRoute:
             # launch). Whatever follows may be scheduled now: it waits for this grid itself.
             cute.arch.griddepcontrol_wait()
             cute.arch.griddepcontrol_launch_dependents()
-        if token < scores.shape[0]:  # warp-uniform: every redux below has its whole warp
-            high = cute.make_rmem_tensor(self.per_lane, Int32)
-            score_of = cute.make_rmem_tensor(self.per_lane, Float32)
+        tokens = scores.shape[0]
+        row = min(token, tokens - 1)  # a last CTA's idle warps route the last token again, unstored:
+        # no branch around the warp reductions, so every one runs converged
+        high = cute.make_rmem_tensor(self.per_lane, Int32)
+        score_of = cute.make_rmem_tensor(self.per_lane, Float32)
+        for i in cutlass.range_constexpr(self.per_lane):
+            expert = lane + 32 * i
+            high[i] = Int32(NONE)
+            score_of[i] = Float32(0.0)
+            if expert < self.experts:
+                score = scores[row, expert].to(Float32)
+                if cutlass.const_expr(self.apply_sigmoid):
+                    score = sigmoid(score)
+                score, key = scored(score, bias[expert].to(Float32))
+                high[i] = ordered(key)
+                score_of[i] = score
+        if cutlass.const_expr(self.groups > 1):
+            self.keep_best_groups(high, lane)
+
+        # 2. topk rounds; lane r keeps round r's expert and weight score.
+        chosen = Int32(0)
+        picked = Float32(0.0)
+        for r in cutlass.range_constexpr(self.topk):
+            best = high[0]
+            at = Int32(0)
+            best_score = score_of[0]
+            for i in cutlass.range_constexpr(1, self.per_lane):
+                better = high[i] > best
+                best = cutlass.select_(better, high[i], best)
+                at = cutlass.select_(better, Int32(i), at)
+                best_score = cutlass.select_(better, score_of[i], best_score)
+            top = warp_max(best)
+            winner = warp_min(cutlass.select_(best == top, lane + 32 * at, Int32(1 << 30)))
+            weight = cute.arch.shuffle_sync(best_score, winner % 32)
             for i in cutlass.range_constexpr(self.per_lane):
-                expert = lane + 32 * i
-                high[i] = Int32(NONE)
-                score_of[i] = Float32(0.0)
-                if expert < self.experts:
-                    score = scores[token, expert].to(Float32)
-                    if cutlass.const_expr(self.apply_sigmoid):
-                        score = sigmoid(score)
-                    score, key = scored(score, bias[expert].to(Float32))
-                    high[i] = ordered(key)
-                    score_of[i] = score
-            if cutlass.const_expr(self.groups > 1):
-                self.keep_best_groups(high, lane)
+                high[i] = cutlass.select_(lane + 32 * i == winner, Int32(NONE), high[i])
+            if lane == r:
+                chosen = winner
+                picked = weight
 
-            # 2. topk rounds; lane r keeps round r's expert and weight score.
-            chosen = Int32(0)
-            picked = Float32(0.0)
-            for r in cutlass.range_constexpr(self.topk):
-                best = high[0]
-                at = Int32(0)
-                best_score = score_of[0]
-                for i in cutlass.range_constexpr(1, self.per_lane):
-                    better = high[i] > best
-                    best = cutlass.select_(better, high[i], best)
-                    at = cutlass.select_(better, Int32(i), at)
-                    best_score = cutlass.select_(better, score_of[i], best_score)
-                top = warp_max(best)
-                winner = warp_min(cutlass.select_(best == top, lane + 32 * at, Int32(1 << 30)))
-                weight = cute.arch.shuffle_sync(best_score, winner % 32)
-                if lane == winner % 32:
-                    for i in cutlass.range_constexpr(self.per_lane):
-                        if at == i:
-                            high[i] = Int32(NONE)
-                if lane == r:
-                    chosen = winner
-                    picked = weight
-
-            # 3. Weights over the warp (lanes past topk hold 0), scaled; ids in key order.
-            if cutlass.const_expr(self.renormalize):
-                picked = renormalized(picked)
-            if lane < self.topk:
-                ids[token, lane] = chosen
-                weights[token, lane] = (picked * scale).to(weights.element_type)
+        # 3. Weights over the warp (lanes past topk hold 0), scaled; ids in key order.
+        if cutlass.const_expr(self.renormalize):
+            picked = renormalized(picked)
+        if (lane < self.topk) & (token < tokens):
+            ids[token, lane] = chosen
+            weights[token, lane] = (picked * scale).to(weights.element_type)
 
 
 def fits(experts: int, groups: int, topk: int) -> bool:
