@@ -10,7 +10,7 @@ import torch
 
 import torch_sparse_decode as tsd
 from inputs import DEVICES, KINDS, poisoned, scores
-from torch_sparse_decode.ops.moe_route import reference, tiles
+from torch_sparse_decode.ops.moe_route import reference, tiles, warps
 
 # (experts, topk, groups, groups kept): DeepSeek-V3, Kimi-K2 / K3, the largest, groups of one
 # expert, odd sizes (padded to a power of two), the smallest.
@@ -132,6 +132,7 @@ def test_the_op_takes_it_at_many_tokens(monkeypatch, experts, topk, groups, kept
     s[::7] = 0.5
     b = (scores("few_distinct", (experts,), seed=11) * 0.01).cuda()
     kw = dict(num_expert_group=groups, topk_group=kept, scale=2.5)
+    monkeypatch.setattr(warps, "ON", False)  # it comes first where switched on
     monkeypatch.setattr(tiles, "TILES", False)  # the CuTe kernel, whatever the environment says
     cute = tsd.moe_route(s, b, topk, **kw)
     monkeypatch.setattr(tiles, "TILES", True)

@@ -10,7 +10,7 @@ import torch
 
 import torch_sparse_decode as tsd
 from inputs import KINDS, poisoned, scores
-from torch_sparse_decode.ops.moe_route import reference, warps
+from torch_sparse_decode.ops.moe_route import reference, tiles, warps
 
 # (experts, topk, groups, kept): DeepSeek-V3, groups of 64 and of 32 at 512, Kimi-K2, the widest,
 # experts that leave lanes empty (60, 17, 1), topk 1 and the limit, one group kept and all kept.
@@ -90,6 +90,7 @@ def test_the_op_takes_it(monkeypatch, experts, topk, groups, kept):
         b = (scores("few_distinct", (experts,), seed=11) * 0.01).cuda()
         kw = dict(num_expert_group=groups, topk_group=kept, scale=2.5)
         monkeypatch.setattr(warps, "ON", False)
+        monkeypatch.setattr(tiles, "TILES", False)
         cta = tsd.moe_route(s, b, topk, **kw)
         monkeypatch.setattr(warps, "ON", True)
         assert warps.takes(s, groups, topk)
