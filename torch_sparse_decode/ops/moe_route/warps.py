@@ -12,13 +12,13 @@ Expert ``e`` lives in lane ``e % 32``, register ``e // 32``; its key is ``ordere
 1. Groups (``num_expert_group`` > 1, groups of a multiple of 32 experts): group ``g`` is registers
    ``g * c .. g * c + c - 1`` of every lane (c = group size / 32). Its two best keys: the warp max
    of the lanes' bests, the lowest lane holding it, then the warp max of every lane's best with
-   that lane's second in its place. Their fp32 sum (canonical) is the group score; every lane
-   holds every group score, ranks them (ties to the lower group) and drops the experts of groups
-   past ``topk_group`` to ``NONE``.
+   that lane's second in its place. Their fp32 sum (canonical) is the group score; lane g ranks
+   group g (ties to the lower group), and a ballot of the ``topk_group`` best drops every other
+   group's experts to ``NONE``.
 2. ``topk`` rounds: each lane's best (its lowest register on ties: the lower expert id), the warp
    max of those, and of the lanes holding it the lowest expert id (``redux.sync.min``): the
    reference's order, ties to the lower id. The winner drops to ``NONE``; lane ``r`` keeps round
-   ``r``'s id and weight score.
+   ``r``'s id, then fetches its weight score from the lane holding it.
 3. Lanes < ``topk`` renormalize over the warp (``scoring.renormalized``, the reference's order of
    additions), scale and store: ids in key order, no sort.
 
@@ -94,16 +94,17 @@ class WarpRoute:
             owner = warp_min(cutlass.select_(first == top, lane, Int32(32)))
             runner = warp_max(cutlass.select_(lane == owner, second, first))
             group_high[g] = ordered(canonical(unordered(top) + unordered(runner)))
+        # Lane g ranks group g (ties to the lower group); a ballot tells every lane the kept groups.
+        mine = group_high[0]
+        for g in cutlass.range_constexpr(1, self.groups):
+            mine = cutlass.select_(lane == g, group_high[g], mine)
+        above = Int32(0)
+        for q in cutlass.range_constexpr(self.groups):
+            above += Int32(group_high[q] > mine) + Int32((group_high[q] == mine) & (lane > q))
+        kept = cute.arch.vote_ballot_sync((lane < self.groups) & (above < self.topk_group))
         for g in cutlass.range_constexpr(self.groups):
-            above = Int32(0)
-            for q in cutlass.range_constexpr(self.groups):
-                if cutlass.const_expr(q < g):
-                    above += Int32(group_high[q] >= group_high[g])
-                elif cutlass.const_expr(q > g):
-                    above += Int32(group_high[q] > group_high[g])
-            if above >= self.topk_group:
-                for j in cutlass.range_constexpr(self.chunk):
-                    high[g * self.chunk + j] = Int32(NONE)
+            for j in cutlass.range_constexpr(self.chunk):
+                high[g * self.chunk + j] = cutlass.select_((kept >> g) & 1 == 0, Int32(NONE), high[g * self.chunk + j])
 
     @cute.kernel
     def kernel(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -136,26 +137,25 @@ class WarpRoute:
         if cutlass.const_expr(self.groups > 1):
             self.keep_best_groups(high, lane)
 
-        # 2. topk rounds; lane r keeps round r's expert and weight score.
+        # 2. topk rounds; lane r keeps round r's expert.
         chosen = Int32(0)
-        picked = Float32(0.0)
         for r in cutlass.range_constexpr(self.topk):
             best = high[0]
             at = Int32(0)
-            best_score = score_of[0]
             for i in cutlass.range_constexpr(1, self.per_lane):
                 better = high[i] > best
                 best = cutlass.select_(better, high[i], best)
                 at = cutlass.select_(better, Int32(i), at)
-                best_score = cutlass.select_(better, score_of[i], best_score)
             top = warp_max(best)
             winner = warp_min(cutlass.select_(best == top, lane + 32 * at, Int32(1 << 30)))
-            weight = cute.arch.shuffle_sync(best_score, winner % 32)
             for i in cutlass.range_constexpr(self.per_lane):
                 high[i] = cutlass.select_(lane + 32 * i == winner, Int32(NONE), high[i])
-            if lane == r:
-                chosen = winner
-                picked = weight
+            chosen = cutlass.select_(lane == r, winner, chosen)
+        # Its weight score, from the lane that holds it.
+        picked = Float32(0.0)
+        for i in cutlass.range_constexpr(self.per_lane):
+            held = cute.arch.shuffle_sync(score_of[i], chosen % 32)
+            picked = cutlass.select_((lane < self.topk) & (chosen // 32 == i), held, picked)
 
         # 3. Weights over the warp (lanes past topk hold 0), scaled; ids in key order.
         if cutlass.const_expr(self.renormalize):
