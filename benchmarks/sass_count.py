@@ -66,10 +66,13 @@ def opcodes(cubin: bytes, folder: str) -> list[str]:
     return re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass, flags=re.M)
 
 
-def short_row_ptx(dtype: torch.dtype) -> str:
+def short_row_ptx(dtype: torch.dtype, lean: bool = False) -> str:
+    """The short-row select's PTX at 1024 threads, plain or lean (``short_row.LEAN``)."""
     from torch_sparse_decode.build_kernels import kernel_ptx
+    from torch_sparse_decode.kernels.topk import short_row
 
-    return kernel_ptx("torch_sparse_decode.kernels.topk.short_row", "topk_short_row", (dtype, False))
+    config = (dtype, False, short_row.THREADS, False, False, lean)
+    return kernel_ptx("torch_sparse_decode.kernels.topk.short_row", "topk_short_row", config)
 
 
 def triton_ptx(fn, signature: dict, constexprs: dict, warps: int, aligned: tuple = ()) -> str:
@@ -118,8 +121,10 @@ def main() -> None:
                   timing=f"floor: instructions x warps x CTAs / ({SCHEDULERS} schedulers x min(CTAs, {SMS}) SMs) "
                          f"at {CLOCK_GHZ} GHz")
     with tempfile.TemporaryDirectory() as folder:
-        builds = [(f"short_row {str(dtype).split('.')[1]}, a row", short_row_ptx(dtype), 32, 1)
-                  for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))]
+        builds = [(f"short_row {str(dtype).split('.')[1]}{', lean' if lean else ''}, a row",
+                   short_row_ptx(dtype, lean), 32, 1)
+                  for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))
+                  for lean in (False, True)]
         if not args.quick:
             builds.append((f"route_tiles DeepSeek-V3, T = {ROUTE_TOKENS}", *route_tiles_ptx()))
             builds += route_ptx()
