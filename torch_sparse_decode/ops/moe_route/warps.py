@@ -58,6 +58,18 @@ def unordered(high: Int32) -> Float32:
     return (high ^ ((high >> 31) & Int32(0x7FFFFFFF))).bitcast(Float32)
 
 
+def lane_best(pairs: list) -> tuple:
+    """(key, register) of a lane's best key, the lower register on ties: a tree of pairs (depth
+    log2 of the registers, not a chain of them), traced in Python at compile time."""
+    while len(pairs) > 1:
+        merged = []
+        for (key, at), (other, other_at) in zip(pairs[0::2], pairs[1::2]):
+            better = other > key  # the right one holds the higher registers: it wins only when greater
+            merged.append((cutlass.select_(better, other, key), cutlass.select_(better, other_at, at)))
+        pairs = merged + pairs[len(merged) * 2:]
+    return pairs[0]
+
+
 class WarpRoute:
     """Routing for one static configuration (as ``kernel.MoeRoute``), one warp a token."""
 
@@ -140,12 +152,7 @@ class WarpRoute:
         # 2. topk rounds; lane r keeps round r's expert.
         chosen = Int32(0)
         for r in cutlass.range_constexpr(self.topk):
-            best = high[0]
-            at = Int32(0)
-            for i in cutlass.range_constexpr(1, self.per_lane):
-                better = high[i] > best
-                best = cutlass.select_(better, high[i], best)
-                at = cutlass.select_(better, Int32(i), at)
+            best, at = lane_best([(high[i], Int32(i)) for i in range(self.per_lane)])
             top = warp_max(best)
             winner = warp_min(cutlass.select_(best == top, lane + 32 * at, Int32(1 << 30)))
             for i in cutlass.range_constexpr(self.per_lane):
