@@ -42,12 +42,13 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint32
 
 from ...kernels import pdl
-from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
+from ...kernels.compile import cached_kernel
 from ...kernels.cute import warps_before
-from ...dtypes import WARM_SCORES, cute_type
+from ...dtypes import WARM_SCORES
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 from . import tiles, warps
-from .scoring import KEY_NONE, canonical, expert_key, renormalized, scored, sigmoid
+from .build import Routing, compile_route, routings
+from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -56,22 +57,14 @@ WARPS = THREADS // 32
 SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshold groups
 
 
-class MoeRoute:
-    """Routing for one static configuration: E, topk, renormalize, apply_sigmoid, the expert
-    groups (count, kept) and the dtypes of scores, bias and weights; ``pdl``: launched as a
-    programmatic dependent of the kernel before it (the router GEMM), so its launch and setup
-    overlap that kernel's tail; it waits for it before reading the scores."""
+class MoeRoute(Routing):
+    """The CTA kernel at one routing configuration (``build.Routing``)."""
 
-    def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1,
-                 topk_group: int = 1, pdl: bool = False):
-        self.pdl = pdl
-        self.experts, self.topk = experts, topk
-        self.renormalize, self.apply_sigmoid = renormalize, apply_sigmoid
-        self.groups, self.topk_group = groups, topk_group
-        self.group_size = experts // groups
-        self.per_thread = -(-experts // THREADS)
+    def __init__(self, *config):
+        super().__init__(*config)
+        self.per_thread = -(-self.experts // THREADS)
         # Threshold groups per lane (step 3).
-        self.parts = 2 if topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
+        self.parts = 2 if self.topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
 
     @cute.jit
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -236,10 +229,7 @@ class MoeRoute:
             keys[i] = Int64(KEY_NONE)
             score_of[i] = Float32(0.0)
             if expert < self.experts:
-                score = scores[token, expert].to(Float32)
-                if cutlass.const_expr(self.apply_sigmoid):
-                    score = sigmoid(score)
-                score, key = scored(score, bias[expert].to(Float32))
+                score, key = loaded(scores, bias, token, expert, self.apply_sigmoid)
                 keys[i] = expert_key(key, expert)
                 score_of[i] = score
                 if cutlass.const_expr(self.groups > 1):
@@ -289,31 +279,13 @@ class MoeRoute:
                 weights[token, lane] = (weight * scale).to(weights.element_type)
 
 
-def catalog(target: Target) -> list[tuple]:
-    """The routing of the models we serve (``Target.models``): scores after their sigmoid or
-    router logits (``apply_sigmoid``), in fp32 or bf16; fp32 bias and weights."""
-    configs = []
-    for model in target.models:
-        groups, kept = model.grouping
-        for source in WARM_SCORES:
-            for apply_sigmoid in (False, True):
-                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
-                                torch.float32, torch.float32, pdl.enabled()))
-    return configs
-
-
-@cached_kernel("moe_route", catalog)
+@cached_kernel("moe_route", routings)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
              weights_dtype: torch.dtype = torch.float32, pdl: bool = False):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
-    tokens = cute.sym_int()
-    scores = fake_tensor(cute_type(source), (tokens, experts), (experts, 1))
-    bias = fake_tensor(cute_type(bias_dtype), (experts,), (1,))
-    weights = fake_tensor(cute_type(weights_dtype), (tokens, topk), (topk, 1))
-    ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
     kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl)
-    return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
+    return compile_route(kernel, experts, topk, source, bias_dtype, weights_dtype)
 
 
 def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,

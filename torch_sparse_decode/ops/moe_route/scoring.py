@@ -51,6 +51,17 @@ def scored(score: Float32, bias: Float32):
 
 
 @cute.jit
+def loaded(scores: cute.Tensor, bias: cute.Tensor, token: Int32, expert: Int32,
+           apply_sigmoid: cutlass.Constexpr[bool]):
+    """(weight score, ranking key) of one expert of one token, read from the tensors (the bias
+    read after the sigmoid: one instruction order for every kernel)."""
+    score = scores[token, expert].to(Float32)
+    if cutlass.const_expr(apply_sigmoid):
+        score = sigmoid(score)
+    return scored(score, bias[expert].to(Float32))
+
+
+@cute.jit
 def warp_sum(value):
     """``value`` summed over the warp (butterfly: every lane gets the sum)."""
     for s in cutlass.range_constexpr(5):

@@ -36,11 +36,10 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from ...dtypes import WARM_SCORES, cute_type
-from ...kernels import pdl
-from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
+from ...kernels.compile import Target, cached_kernel
 from ...kernels.cute import warp_max, warp_min
-from .scoring import canonical, ordered, renormalized, scored, sigmoid
+from .build import Routing, compile_route, routings
+from .scoring import canonical, loaded, ordered, renormalized
 
 # Opt-in (TORCH_SPARSE_DECODE_ROUTE_WARPS=1) until it has run on the GPU (tests, fuzzer,
 # sanitizer) and its token threshold is measured.
@@ -70,17 +69,13 @@ def lane_best(pairs: list) -> tuple:
     return pairs[0]
 
 
-class WarpRoute:
-    """Routing for one static configuration (as ``kernel.MoeRoute``), one warp a token."""
+class WarpRoute(Routing):
+    """The warp kernel at one routing configuration (``build.Routing``)."""
 
-    def __init__(self, experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1,
-                 topk_group: int = 1, pdl: bool = False):
-        self.pdl = pdl
-        self.experts, self.topk = experts, topk
-        self.renormalize, self.apply_sigmoid = renormalize, apply_sigmoid
-        self.groups, self.topk_group = groups, topk_group
-        self.per_lane = -(-experts // 32)
-        self.chunk = experts // groups // 32 if groups > 1 else 0  # registers a group spans
+    def __init__(self, *config):
+        super().__init__(*config)
+        self.per_lane = -(-self.experts // 32)
+        self.chunk = self.group_size // 32 if self.groups > 1 else 0  # registers a group spans
 
     @cute.jit
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -140,10 +135,7 @@ class WarpRoute:
             high[i] = Int32(NONE)
             score_of[i] = Float32(0.0)
             if expert < self.experts:
-                score = scores[row, expert].to(Float32)
-                if cutlass.const_expr(self.apply_sigmoid):
-                    score = sigmoid(score)
-                score, key = scored(score, bias[expert].to(Float32))
+                score, key = loaded(scores, bias, row, expert, self.apply_sigmoid)
                 high[i] = ordered(key)
                 score_of[i] = score
         if cutlass.const_expr(self.groups > 1):
@@ -191,30 +183,13 @@ def route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_grou
 
 
 def catalog(target: Target) -> list[tuple]:
-    """Where switched on, the catalog's routings (``kernel.catalog``) this kernel takes."""
-    if not ON:
-        return []
-    configs = []
-    for model in target.models:
-        groups, kept = model.grouping
-        if not fits(model.experts, groups, model.topk):
-            continue
-        for source in WARM_SCORES:
-            for apply_sigmoid in (False, True):
-                configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
-                                torch.float32, torch.float32, pdl.enabled()))
-    return configs
+    """Where switched on, the catalog's routings (``build.routings``) this kernel takes."""
+    return [c for c in routings(target) if fits(c[0], c[4], c[1])] if ON else []
 
 
 @cached_kernel("moe_route_warps", catalog)
-def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
-             source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
-             weights_dtype: torch.dtype = torch.float32, pdl: bool = False):
-    """The kernel at one static configuration, from fake tensors (no GPU needed)."""
-    tokens = cute.sym_int()
-    scores = fake_tensor(cute_type(source), (tokens, experts), (experts, 1))
-    bias = fake_tensor(cute_type(bias_dtype), (experts,), (1,))
-    weights = fake_tensor(cute_type(weights_dtype), (tokens, topk), (topk, 1))
-    ids = fake_tensor(Int32, (tokens, topk), (topk, 1))
+def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int, topk_group: int,
+             source: torch.dtype, bias_dtype: torch.dtype, weights_dtype: torch.dtype, pdl: bool):
+    """The kernel at one configuration (``kernel.compiled``'s, every argument given), from fake tensors."""
     kernel = WarpRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl)
-    return cute.compile(kernel, scores, bias, Float32(1.0), weights, ids, fake_stream(), options="--enable-tvm-ffi")
+    return compile_route(kernel, experts, topk, source, bias_dtype, weights_dtype)
