@@ -307,7 +307,7 @@ def test_programmatic_dependent_launch_is_opt_in():
     from torch_sparse_decode.ops.moe_route import kernel
 
     assert pdl.ON == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
-    assert {config[-1] for config in kernel.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled()}
+    assert {config[-1] for config in kernel.compiled.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled()}
 
 
 @pytest.mark.gpu
