@@ -8,7 +8,7 @@ alone.
 
     python benchmarks/bench_pdl.py [--quick] [--results FILE]
 
-``moe_route`` at T >= 512 takes the tile kernel where ``TORCH_SPARSE_DECODE_ROUTE_TILES=1``.
+``moe_route`` at T >= 1536 (grouped) or 3072 takes the warp kernel (``ops/moe_route/warps.py``).
 """
 
 from __future__ import annotations

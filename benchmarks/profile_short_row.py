@@ -21,7 +21,7 @@ that differs reads "wrong" and is not timed):
 branch-free count (every key adds live ? 1 : 0, no divergent branch around the atomic); CTAs of
 512 threads (the 8K rows' CTA since bfb6d8a); the whole kernel as a programmatic dependent of the
 call before it. At 512 threads: the branch-free count; the lean builds' parts
-(``short_row.LEAN``, opt-in): the ties-taken write (where the CTA keeps every key equal to t, one
+(``short_row.LEAN``, the default): the ties-taken write (where the CTA keeps every key equal to t, one
 ballot a key places the keys >= t: 15 SASS instructions a key against the shipped pass's 32),
 with the branch-free count, the one-barrier rounds (``short_digits``), and both (lean); the
 one-barrier rounds and the lean build at 1024 threads too (the 16K rows' CTA). (Measured and

@@ -83,18 +83,6 @@ def triton_ptx(fn, signature: dict, constexprs: dict, warps: int, aligned: tuple
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
 
 
-def route_tiles_ptx() -> tuple[str, int, int]:
-    """(PTX, warps, programs) of the tile router at DeepSeek-V3's routing (256 experts, 8 groups, 4
-    kept, top 8, sigmoid, renormalized) over ROUTE_TOKENS tokens."""
-    from compile_triton_sm90 import ROUTE_TILES
-    from torch_sparse_decode.ops.moe_route import tiles
-
-    constexprs = dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True, RENORMALIZE=True,
-                      BLOCK_T=tiles.TOKENS, PDL=False)
-    return (triton_ptx(tiles._route_tiles, ROUTE_TILES, constexprs, tiles.WARPS), tiles.WARPS,
-            ROUTE_TOKENS // tiles.TOKENS)
-
-
 def route_ptx() -> list[tuple[str, str, int, int]]:
     """(name, PTX, warps, CTAs) of the CTA router and the warp router at ROUTE_TOKENS tokens:
     DeepSeek-V3's routing and Kimi-K2's (384 experts, top 8), logits in fp32."""
@@ -126,7 +114,6 @@ def main() -> None:
                   for dtype in ((torch.float32,) if args.quick else (torch.float32, torch.bfloat16))
                   for lean in (False, True)]
         if not args.quick:
-            builds.append((f"route_tiles DeepSeek-V3, T = {ROUTE_TOKENS}", *route_tiles_ptx()))
             builds += route_ptx()
         for name, ptx, warps, ctas in builds:
             cubin, registers, spilled = assemble(ptx, folder)

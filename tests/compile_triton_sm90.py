@@ -51,11 +51,6 @@ def build(fn, signature, constexprs, aligned: tuple = (), warps: int = 8) -> Non
     return compiled
 
 
-ROUTE_TILES = dict(scores="*fp32", scores_stride="i64", bias="*fp32", scale="fp32", weights="*fp32",
-                   weights_stride="i64", ids="*i32", ids_stride="i64", tokens="i32", EXPERTS="constexpr",
-                   EP2="constexpr", TOPK="constexpr", GROUPS="constexpr", TOPK_GROUP="constexpr", SIGMOID="constexpr",
-                   RENORMALIZE="constexpr", BLOCK_T="constexpr", PDL="constexpr")
-
 ROUTER_SPLIT = dict(hidden="*bf16", gate="*bf16", partials="*fp32", logits="*fp32", counters="*i32", tokens="i32",
                     WIDTH="constexpr", EXPERTS="constexpr", SPLIT="constexpr", K_SPLIT="constexpr",
                     BLOCK_T="constexpr", BLOCK_E="constexpr", BLOCK_K="constexpr", PDL="constexpr")
@@ -65,14 +60,11 @@ def programmatic_dependents() -> int:
     """Each Triton kernel that takes ``kernels/pdl.py``'s switch: its PTX waits for the grid before
     (griddepcontrol.wait) with PDL, and only then."""
     from torch_sparse_decode.ops.moe_gate_route import split
-    from torch_sparse_decode.ops.moe_route import tiles
 
     builds = [
         (blocks._block_keys, BLOCK_KEYS, dict(WINDOWED=False, BLOCK=8, BLOCK_P2=8, BLOCKS=1024, EARLY=True)),
         (dcp_pack.pack_kernel, PACK_ROWS, dict(K=2048, N=1024, R=2048, W=2, SLOTS=2048, EXCHANGE=True,
                                               EARLY_MERGE=True)),
-        (tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=256, EP2=256, TOPK=8, GROUPS=8, TOPK_GROUP=4, SIGMOID=True,
-                                               RENORMALIZE=True, BLOCK_T=8)),
     ]
     for tokens, experts in ((1, 896), (64, 896), (1, 256), (64, 256)):
         plan = split.plan(tokens, experts, 7168)
@@ -85,25 +77,6 @@ def programmatic_dependents() -> int:
             if waits != pdl:
                 raise SystemExit(f"{fn.__name__} PDL={pdl}: griddepcontrol.wait {'missing' if pdl else 'present'}")
     return 2 * len(builds)
-
-
-def route_tiles_in_one_warp() -> int:
-    """The tile router as it launches (``tiles.WARPS`` warps, ``tiles.TOKENS`` tokens a program) at the
-    routings it takes: no barrier (every reduction within the warp; 8 warps a program took 103
-    barriers and set a 3x higher issue floor, ``benchmarks/sass_count.py``)."""
-    from torch_sparse_decode.ops.moe_route import tiles
-
-    count = 0
-    for experts, topk, groups, kept in ((256, 8, 8, 4), (256, 8, 1, 1), (384, 8, 1, 1)):
-        ep2 = triton.next_power_of_2(experts)
-        compiled = build(tiles._route_tiles, ROUTE_TILES, dict(EXPERTS=experts, EP2=ep2, TOPK=topk, GROUPS=groups,
-                                                               TOPK_GROUP=kept, SIGMOID=True, RENORMALIZE=True,
-                                                               BLOCK_T=tiles.TOKENS, PDL=False),
-                         warps=tiles.WARPS)
-        if "bar.sync" in compiled.asm["ptx"]:
-            raise SystemExit(f"route tiles {experts}/{topk} groups {groups}: a barrier in the one-warp build")
-        count += 1
-    return count
 
 
 def main() -> int:
@@ -140,7 +113,6 @@ def main() -> int:
           dict(ROWS=row_lengths.ROWS))
     count += 1
     count += programmatic_dependents()
-    count += route_tiles_in_one_warp()
     print(f"compiled {count} configurations")
     return 0
 

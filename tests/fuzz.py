@@ -20,7 +20,7 @@ the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are
 switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path and its
-lean builds, the tile routing, the split router GEMM: each on half the time) and restores them after: every path
+lean builds, the warp routing, the split router GEMM: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
@@ -462,11 +462,10 @@ def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.ops.moe_gate_route import split
-    from torch_sparse_decode.ops.moe_route import tiles, warps
+    from torch_sparse_decode.ops.moe_route import warps
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (tsd_short_row(), "LEAN", "short_lean"), (tiles, "TILES", "route_tiles"),
-            (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"))
+            (tsd_short_row(), "LEAN", "short_lean"), (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:

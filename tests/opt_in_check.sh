@@ -16,7 +16,7 @@
 #   sanitize     memcheck, then racecheck, over the opt-in paths' sections, every switch on
 #   bench        the short-row table, PDL behind the kernel before, the router front
 #   peer         beside FlashInfer (.device/peer_bench): top-k at the short rows, the short-row path off and on;
-#                routing: the CTA kernel, the tiles, the warps
+#                routing, the warp kernel on and off
 #
 # Each step writes ${OUT:-opt_in_logs}/STEP.log, is bounded by STEP_TIMEOUT seconds (540), and
 # prints one summary line. Every switch is on in the steps that say so: the fuzzer draws them.
@@ -24,9 +24,8 @@ set -u
 LOGS=${OUT:-opt_in_logs}
 mkdir -p "$LOGS"
 LIMIT=${STEP_TIMEOUT:-540}
-ALL_ON="TORCH_SPARSE_DECODE_PDL=1 TORCH_SPARSE_DECODE_SHORT_ROWS=1 TORCH_SPARSE_DECODE_SHORT_LEAN=1 \
-TORCH_SPARSE_DECODE_ROUTE_TILES=1 TORCH_SPARSE_DECODE_ROUTE_WARPS=1 TORCH_SPARSE_DECODE_ROUTER_SPLIT=1"
-OPT_IN_TESTS="tests/test_short_row.py tests/test_moe_route_tiles.py tests/test_moe_route_warps.py \
+ALL_ON="TORCH_SPARSE_DECODE_PDL=1 TORCH_SPARSE_DECODE_SHORT_ROWS=1 TORCH_SPARSE_DECODE_ROUTER_SPLIT=1"
+OPT_IN_TESTS="tests/test_short_row.py tests/test_moe_route_warps.py \
 tests/test_moe_gate_route_split.py tests/test_triton_cache.py"
 PDL_TESTS="tests/test_topk_engine_gpu.py tests/test_moe_route.py tests/test_moe_gate_route.py tests/test_dcp.py \
 tests/test_dcp_kernels.py"
@@ -96,11 +95,9 @@ for step in "$@"; do
             && python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K --kinds randn,ragged --budget-s 200 \
             && TORCH_SPARSE_DECODE_SHORT_ROWS=1 python .device/peer_bench/bench_fi.py --shapes 1x8K,8x8K,64x8K,256x8K \
                --kinds randn,ragged --budget-s 200 \
-            && python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 --tokens 256,1024,4096 \
-            && TORCH_SPARSE_DECODE_ROUTE_TILES=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
-               --tokens 256,1024,4096 \
-            && TORCH_SPARSE_DECODE_ROUTE_WARPS=1 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
-               --tokens 1,64,256,4096" ;;
+            && python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 --tokens 1,64,256,1024,2048,4096 \
+            && TORCH_SPARSE_DECODE_ROUTE_WARPS=0 python .device/peer_bench/routing/bench_route.py --configs dsv3,kimi_k2 \
+               --tokens 1024,2048,4096" ;;
     *)
         echo "unknown step $step (short warmup tests suite fuzz sanitize bench peer)" >&2
         exit 2 ;;

@@ -49,7 +49,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     import torch_sparse_decode as tsd
     from torch_sparse_decode import dcp
     from torch_sparse_decode.dtypes import TOPK_SCORES
-    from torch_sparse_decode.ops.moe_route import tiles, warps
+    from torch_sparse_decode.ops.moe_route import warps
 
     bad = 0
 
@@ -215,13 +215,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                        f"sigmoid={sigmoid} {dtype}", ids,
                        oracle.moe_route(want_s, torch.zeros(experts), topk, renormalize=renormalize,
                                         num_expert_group=groups, topk_group=kept)[1])
-                if tiles.fits(experts, groups):  # the tile kernel too, whether or not it is switched on
-                    tiled = torch.full_like(ids, -7), torch.full_like(weights, float("nan"))
-                    tiles.route_tiles(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize, 1.0, sigmoid, groups,
-                                      kept, tiled[1], tiled[0])
-                    expect(f"moe_route tiles {experts}/{topk} groups {groups}/{kept} renormalize={renormalize} "
-                           f"sigmoid={sigmoid} {dtype}", tiled[0], ids)
-                if warps.fits(experts, groups, topk):  # and the warp kernel
+                if warps.fits(experts, groups, topk):  # the warp kernel too, at any batch
                     warped = torch.full_like(ids, -7), torch.full_like(weights, float("nan"))
                     warps.route(s.cuda(), torch.zeros(experts).cuda(), topk, renormalize, 1.0, sigmoid, groups, kept,
                                 warped[1], warped[0])

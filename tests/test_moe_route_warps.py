@@ -1,16 +1,18 @@
 """``moe_route``'s warp kernel (``ops/moe_route/warps.py``, one warp a token), bit for bit against
-the reference on the same GPU, called directly whether or not it serves the op
-(``TORCH_SPARSE_DECODE_ROUTE_WARPS=1``), on every kind of scores, every boundary of its limits
+the reference on the same GPU, called directly at any batch (the op sends it batches of
+``warps.MIN_TOKENS`` or more), on every kind of scores, every boundary of its limits
 and a batch that leaves its last CTA's warps idle."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 import torch_sparse_decode as tsd
 from inputs import KINDS, poisoned, scores
-from torch_sparse_decode.ops.moe_route import reference, tiles, warps
+from torch_sparse_decode.ops.moe_route import reference, warps
 
 # (experts, topk, groups, kept): DeepSeek-V3, groups of 64 and of 32 at 512, Kimi-K2, the widest,
 # experts that leave lanes empty (60, 17, 1), topk 1 and the limit, one group kept and all kept.
@@ -81,30 +83,34 @@ def test_bias_and_weight_edges():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1)])
-def test_the_op_takes_it(monkeypatch, experts, topk, groups, kept):
-    """Through ``tsd.moe_route`` (the switch on): the CTA kernel's ids and weights, token for
-    token, at decode and at prefill-sized batches."""
-    for tokens in (1, 64, 4096 + 1):
+def test_the_op_takes_it_from_its_threshold(monkeypatch, experts, topk, groups, kept):
+    """Through ``tsd.moe_route``: the CTA kernel's ids and weights, token for token, on either
+    side of the threshold (one kernel below it, the other from it on)."""
+    least = warps.MIN_TOKENS[groups > 1]
+    for tokens in (1, least - 1, least, 4096 + 1):
         s = torch.sigmoid(scores("random", (tokens, experts), seed=10)).cuda()
         s[::7] = 0.5
         b = (scores("few_distinct", (experts,), seed=11) * 0.01).cuda()
         kw = dict(num_expert_group=groups, topk_group=kept, scale=2.5)
         monkeypatch.setattr(warps, "ON", False)
-        monkeypatch.setattr(tiles, "TILES", False)
         cta = tsd.moe_route(s, b, topk, **kw)
         monkeypatch.setattr(warps, "ON", True)
-        assert warps.takes(s, groups, topk)
-        warp = tsd.moe_route(s, b, topk, **kw)
-        assert torch.equal(warp[1], cta[1]) and torch.equal(warp[0], cta[0])
+        assert warps.takes(s, groups, topk) == (tokens >= least)
+        op = tsd.moe_route(s, b, topk, **kw)
+        assert torch.equal(op[1], cta[1]) and torch.equal(op[0], cta[0])
 
 
 def test_which_routings_take_it(monkeypatch):
-    x = torch.empty(warps.MIN_TOKENS, 384)
+    grouped, plain = warps.MIN_TOKENS[True], warps.MIN_TOKENS[False]
+    x = torch.empty(plain, 384)
     monkeypatch.setattr(warps, "ON", False)
     assert not warps.takes(x, 1, 8)
     monkeypatch.setattr(warps, "ON", True)
-    assert warps.takes(x, 1, 8) and warps.takes(torch.empty(1, 256), 8, 8) and warps.takes(torch.empty(1, 60), 1, 4)
-    assert warps.takes(torch.empty(1, 512), 8, 8) and not warps.takes(torch.empty(1, 544), 1, 8)
+    assert warps.takes(x, 1, 8) and not warps.takes(x[:-1], 1, 8)
+    assert warps.takes(torch.empty(grouped, 256), 8, 8) and not warps.takes(torch.empty(grouped - 1, 256), 8, 8)
+    assert warps.takes(torch.empty(plain, 60), 1, 4) and warps.takes(torch.empty(grouped, 512), 8, 8)
+    assert not warps.takes(torch.empty(plain, 544), 1, 8)
     assert not warps.takes(x, 1, 9)  # more rounds than measured: the CTA kernel
-    assert not warps.takes(torch.empty(1, 256), 16, 8)  # groups of 16 experts straddle registers
-    assert not warps.takes(torch.empty(1, 160), 8, 6)
+    assert not warps.takes(torch.empty(plain, 256), 16, 8)  # groups of 16 experts straddle registers
+    assert not warps.takes(torch.empty(plain, 160), 8, 6)
+    assert warps.ON == (os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1")  # on by default

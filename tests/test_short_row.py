@@ -25,7 +25,7 @@ SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 @pytest.fixture(params=[False, True], ids=["plain", "lean"])
 def short_rows(monkeypatch, request):
     """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its shipped builds
-    and its lean ones (opt-in: ``short_row.LEAN``)."""
+    and its lean ones (the default: ``short_row.LEAN``)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     monkeypatch.setattr(short_row, "LEAN", request.param)
 
@@ -72,10 +72,10 @@ def test_on_by_default_and_off_not_built(monkeypatch):
     assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
 
 
-def test_lean_builds_opt_in_and_built_as_asked(monkeypatch):
-    """The lean builds (one-barrier rounds, the ties-taken write) are off unless
-    TORCH_SPARSE_DECODE_SHORT_LEAN=1; the catalog and the launch follow ``LEAN``."""
-    assert short_row.LEAN == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN") == "1")
+def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
+    """The lean builds (one-barrier rounds, the ties-taken write) are on unless
+    TORCH_SPARSE_DECODE_SHORT_LEAN=0; the catalog and the launch follow ``LEAN``."""
+    assert short_row.LEAN == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1")
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     for lean in (False, True):
         monkeypatch.setattr(short_row, "LEAN", lean)

@@ -42,8 +42,7 @@ def filled(tmp_path_factory) -> Path:
 
 
 # The Triton kernels the opt-in switches add to the warm-ups (README's switch table), by variable.
-OPT_IN_KERNELS = {"TORCH_SPARSE_DECODE_ROUTE_TILES": "_route_tiles",
-                  "TORCH_SPARSE_DECODE_ROUTER_SPLIT": "_router_split"}
+OPT_IN_KERNELS = {"TORCH_SPARSE_DECODE_ROUTER_SPLIT": "_router_split"}
 
 
 def test_fill_compiles_every_triton_warm_up(filled):
@@ -114,23 +113,18 @@ def test_warmup_compiles_no_triton_kernel_the_folder_holds(tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_the_opt_in_triton_kernels_compile_for_the_gpu(arch, tmp_path):
-    """The tile routing and the split router GEMM (opt-in, so the fill leaves them out) build for
-    the GPU, not only for the interpreter, in each dtype they take, and as programmatic dependents."""
+    """The split router GEMM (opt-in, so the fill leaves it out) builds for
+    the GPU, not only for the interpreter, in each dtype it takes, and as programmatic dependents."""
     code = f"""
 import torch
 from pathlib import Path
 from torch_sparse_decode.kernels import triton_cache as tc
 from torch_sparse_decode.kernels import pdl
 from torch_sparse_decode.ops.moe_gate_route import split
-from torch_sparse_decode.ops.moe_route import tiles
 built = []
 with tc.compile_only({arch!r}, Path({str(tmp_path)!r}), built):
-    for experts, topk, groups, kept in ((256, 8, 8, 4), (384, 8, 1, 1)):
-        s = torch.zeros(512, experts, dtype=torch.bfloat16)
-        tiles.route_tiles(s, torch.zeros(experts), topk, True, 2.5, True, groups, kept, torch.empty(512, topk),
-                          torch.empty(512, topk, dtype=torch.int32), groups > 1)
     pdl.ON = split.SPLIT = True  # as warmup() builds them
     split.warm(torch.device("cpu"))
 print(len(built), *sorted({{kernel.name for kernel in built}}))
 """
-    assert _python(code).split() == ["17", "_route_tiles", "_router_split"]
+    assert _python(code).split() == ["15", "_router_split"]

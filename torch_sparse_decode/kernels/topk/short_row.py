@@ -20,9 +20,10 @@ scores (``indexer_topk``, ``indexer_topk_fused``), block keys with the newest bl
 - A row of at most k keys keeps them all (every valid id, then -1), as the engine does; block
   keys put the newest block after the kept ones.
 
-Lean builds (opt-in, ``LEAN``: TORCH_SPARSE_DECODE_SHORT_LEAN=1, until they have run on the GPU):
-digit rounds of one barrier (``short_digits``), and where the CTA keeps every key equal to t, the
-output's second pass as one ballot a key over the keys >= t (``write_at_least``).
+Lean builds (``LEAN``, the default; TORCH_SPARSE_DECODE_SHORT_LEAN=0 takes the plain ones): digit
+rounds of one barrier (``short_digits``), and where the CTA keeps every key equal to t, the
+output's second pass as one ballot a key over the keys >= t (``write_at_least``): 8.47 against
+9.66 us at 1 x 8K, 13.7 against 14.2 at 256 x 8K (H100; benchmarks/RESULTS.md).
 
 The ops take it where ``launch.select`` finds the batch's key columns <= SHORT_MAX (a shape test:
 graph-safe, and both paths are exact, so a row's ids never depend on the other rows), unless
@@ -52,9 +53,9 @@ from .short_digits import BINS, DIGIT_ROUNDS, GATHERED, HIST, PER, PHASES, TAIL,
 # On by default (faster than the engine at every shape it takes; docs/topk_engine.md);
 # TORCH_SPARSE_DECODE_SHORT_ROWS=0 sends every batch to the engine.
 SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "1") != "0"
-# Opt-in until it has run on the GPU (TORCH_SPARSE_DECODE_SHORT_LEAN=1): the lean builds, rounds of
-# one barrier (``short_digits``) and the ties-taken write (``write_kept``). Read at each launch.
-LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "0") == "1"
+# On by default (TORCH_SPARSE_DECODE_SHORT_LEAN=0: the plain builds): the lean builds, rounds of one
+# barrier (``short_digits``) and the ties-taken write (``write_kept``). Read at each launch.
+LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1"
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes

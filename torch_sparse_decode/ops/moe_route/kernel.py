@@ -44,9 +44,8 @@ from cutlass import Float32, Int32, Int64, Uint32
 from ...kernels import pdl
 from ...kernels.compile import cached_kernel
 from ...kernels.cute import warps_before
-from ...dtypes import WARM_SCORES
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
-from . import tiles, warps
+from . import warps
 from .build import Routing, compile_route, routings
 from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized
 
@@ -293,35 +292,10 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
     """The CUDA kernel of ``sparse_decode::moe_route`` (arguments already checked)."""
     if scores.shape[0] == 0:
         return
-    if warps.takes(scores, num_expert_group, topk):  # opt-in: one warp a token
+    if warps.takes(scores, num_expert_group, topk):  # prefill-sized batches: one warp a token
         warps.route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
                     pdl.enabled())
-        return
-    if tiles.takes(scores, num_expert_group, topk):  # many tokens (opt-in): the Triton tile kernel
-        tiles.route_tiles(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights,
-                          ids, pdl.enabled())
         return
     groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
              weights.dtype, pdl.enabled())(scores, bias, scale, weights, ids)
-
-
-def warm_triton(device: torch.device) -> None:
-    """The tile kernel (where switched on) for the catalog's routings at ``tiles.MIN_TOKENS``
-    tokens (``kernels/triton_cache``)."""
-    if not tiles.TILES:
-        return
-    from ...kernels.compile import MODELS
-
-    for model in MODELS:
-        groups, kept = model.grouping
-        for source in WARM_SCORES:
-            scores = torch.zeros(tiles.MIN_TOKENS, model.experts, dtype=source, device=device)
-            if not tiles.takes(scores, groups, model.topk):
-                continue
-            bias = torch.zeros(model.experts, device=device)
-            weights = torch.empty(tiles.MIN_TOKENS, model.topk, device=device)
-            ids = torch.empty(tiles.MIN_TOKENS, model.topk, dtype=torch.int32, device=device)
-            for apply_sigmoid in (False, True):
-                tiles.route_tiles(scores, bias, model.topk, model.renormalize, 1.0, apply_sigmoid, groups, kept,
-                                  weights, ids, pdl.enabled())

@@ -2,9 +2,12 @@
 
 Why: the CTA kernel (``kernel.py``) gives each token 256 threads and a chain of block syncs
 (threshold, compaction, ranking). At T = 4096 its 4096 CTAs queue in waves and the chains add up
-(DeepSeek-V3: 17 us beside FlashInfer's 12.6); the Triton tile kernel (``tiles.py``) was slower
-still. Here a token's experts fit one warp's registers (E <= 512: 16 a lane) and every step is a
-warp reduction (``redux.sync``), so 4096 tokens are 4096 independent warps, resident at once.
+(DeepSeek-V3: 16.9 us beside FlashInfer's 12.6, H100). Here a token's experts fit one warp's
+registers (E <= 512: 16 a lane) and every step is a warp reduction (``redux.sync``), so 4096
+tokens are 4096 independent warps, resident at once: 11.4 us. A warp alone is slow, though: its
+~1300 instructions a token run as one dependent chain (5.7 us at T = 1 against the CTA kernel's
+2.7), so the op sends only large batches here (``MIN_TOKENS``, the measured crossovers). A Triton
+kernel of two tokens a warp measured slower than both (22.5 us at T = 4096) and was removed.
 
 Expert ``e`` lives in lane ``e % 32``, register ``e // 32``; its key is ``ordered(score + bias)``
 (the fp32 order as a signed int32, NaN as -inf, -0.0 as +0.0), its weight score beside it.
@@ -41,10 +44,13 @@ from ...kernels.cute import warp_max, warp_min
 from .build import Routing, compile_route, routings
 from .scoring import canonical, loaded, ordered, renormalized
 
-# Opt-in (TORCH_SPARSE_DECODE_ROUTE_WARPS=1) until it has run on the GPU (tests, fuzzer,
-# sanitizer) and its token threshold is measured.
-ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "0") == "1"
-MIN_TOKENS = 1  # fewer stay on the CTA kernel: to measure
+# On by default; TORCH_SPARSE_DECODE_ROUTE_WARPS=0 keeps every batch on the CTA kernel.
+ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1"
+# The fewest tokens routed here, grouped or not: where this kernel overtakes the CTA kernel (H100,
+# PDL, fp32 logits; benchmarks/RESULTS.md): DeepSeek-V3's grouped routing between 1024 tokens
+# (6.58 against 5.80 us) and 2048 (7.53 against 9.49), Kimi-K2's 384 / 8 between 2048 (9.23
+# against 8.27) and 4096 (11.8 against 14.0).
+MIN_TOKENS = {True: 1536, False: 3072}
 MAX_EXPERTS = 512  # 16 keys and 16 scores a lane
 MAX_TOPK = 8
 TOKENS = 4  # warps (tokens) a CTA
@@ -170,8 +176,10 @@ def fits(experts: int, groups: int, topk: int) -> bool:
 
 
 def takes(scores: torch.Tensor, num_expert_group: int, topk: int) -> bool:
-    """Whether the op routes ``scores`` here: switched on, enough tokens, a shape that fits."""
-    return ON and scores.shape[0] >= MIN_TOKENS and fits(scores.shape[1], num_expert_group, topk)
+    """Whether the op routes ``scores`` here: switched on, enough tokens, a shape that fits. Both
+    kernels give the reference's bits, so a token's result never depends on its batch."""
+    return (ON and scores.shape[0] >= MIN_TOKENS[num_expert_group > 1]
+            and fits(scores.shape[1], num_expert_group, topk))
 
 
 def route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
