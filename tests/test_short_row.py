@@ -65,26 +65,28 @@ def test_on_by_default_and_off_not_built(monkeypatch):
     built = short_row.catalog(None)
     widths = (short_row.THREADS, short_row.HALF)
     for source in (*TOPK_SCORES, torch.int32):  # scores and block keys, fused or not; the DCP pack's ord16 keys
-        assert {(source, pdl.enabled(), w, False, f, short_row.LEAN) for w in widths for f in (False, True)} <= \
-            set(built)
-    assert {(source, pdl.enabled(), w, True, False, short_row.LEAN) for source in DCP_SCORES for w in widths} <= \
-        set(built)
+        assert {(source, pdl.enabled(), w, False, f, short_row.lean_for(w)) for w in widths for f in (False, True)} \
+            <= set(built)
+    assert {(source, pdl.enabled(), w, True, False, short_row.lean_for(w)) for source in DCP_SCORES for w in widths} \
+        <= set(built)
     assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
 
 
 def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
-    """The lean builds (one-barrier rounds, the ties-taken write) are on unless
-    TORCH_SPARSE_DECODE_SHORT_LEAN=0; the catalog and the launch follow ``LEAN``."""
+    """The lean builds (one-barrier rounds, the ties-taken write) are on for CTAs of 512 threads
+    unless TORCH_SPARSE_DECODE_SHORT_LEAN=0; the catalog and the launch follow ``lean_for``."""
     assert short_row.LEAN == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1")
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     for lean in (False, True):
         monkeypatch.setattr(short_row, "LEAN", lean)
-        assert {config[-1] for config in short_row.catalog(None)} == {lean}
+        assert {(config[2], config[-1]) for config in short_row.catalog(None)} == \
+            {(short_row.HALF, lean), (short_row.THREADS, False)}
         configs = []
         monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
-        launch.select(torch.zeros(1, 100), torch.zeros(1, dtype=torch.int32), 100, 1, 4,
-                      torch.empty(1, 4, dtype=torch.int32), pinned=False)
-        assert configs[0][-1] is lean
+        for width in (100, short_row.SHORT_MAX):  # a 512-thread CTA, then a 1024-thread one
+            launch.select(torch.zeros(1, width), torch.zeros(1, dtype=torch.int32), width, 1, 4,
+                          torch.empty(1, 4, dtype=torch.int32), pinned=False)
+        assert [(config[2], config[-1]) for config in configs] == [(short_row.HALF, lean), (short_row.THREADS, False)]
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])

@@ -73,7 +73,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     if takes_short_row(src, pinned, ord16):
         threads = short_row.threads_for(src.shape[1])
-        short_row.compiled(src.dtype, pdl.enabled(), threads, ord16, fused, short_row.LEAN)(
+        short_row.compiled(src.dtype, pdl.enabled(), threads, ord16, fused, short_row.lean_for(threads))(
             src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))

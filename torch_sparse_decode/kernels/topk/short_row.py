@@ -20,7 +20,8 @@ scores (``indexer_topk``, ``indexer_topk_fused``), block keys with the newest bl
 - A row of at most k keys keeps them all (every valid id, then -1), as the engine does; block
   keys put the newest block after the kept ones.
 
-Lean builds (``LEAN``, the default; TORCH_SPARSE_DECODE_SHORT_LEAN=0 takes the plain ones): digit
+Lean builds (``LEAN``, the default for CTAs of 512 threads, ``lean_for``;
+TORCH_SPARSE_DECODE_SHORT_LEAN=0 takes the plain ones everywhere): digit
 rounds of one barrier (``short_digits``), and where the CTA keeps every key equal to t, the
 output's second pass as one ballot a key over the keys >= t (``write_at_least``): 8.47 against
 9.66 us at 1 x 8K, 13.7 against 14.2 at 256 x 8K (H100; benchmarks/RESULTS.md).
@@ -68,6 +69,13 @@ HALF = THREADS // 2
 def threads_for(key_cols: int) -> int:
     """A CTA's threads for a batch of ``key_cols`` key columns (a shape test: the same in every replay)."""
     return HALF if key_cols <= HALF * PER else THREADS
+
+
+def lean_for(threads: int) -> bool:
+    """Whether CTAs of ``threads`` take the lean build: where ``LEAN`` and they measured faster, at
+    512 threads (1 x 8K: 7.84 against 8.96 us randn, 8.57 against 8.79 ties); at 1024 they were
+    not (11.0 against 11.0 randn, 11.8 against 11.2 ties; H100, profile_short_row.py)."""
+    return LEAN and threads == HALF
 
 
 class ShortRowTopk(ShortDigits):
@@ -283,7 +291,7 @@ def catalog(target) -> list[tuple]:
     on = pdl.enabled()
     sources = [(s, False, f) for s in (*TOPK_SCORES, BLOCK_KEYS) for f in (False, True)]
     sources += [(s, True, False) for s in DCP_SCORES]
-    return [(s, on, threads, ord16, f, LEAN) for s, ord16, f in sources for threads in (THREADS, HALF)]
+    return [(s, on, threads, ord16, f, lean_for(threads)) for s, ord16, f in sources for threads in (THREADS, HALF)]
 
 
 @cached_kernel("topk_short_row", catalog)
