@@ -17,7 +17,7 @@ from torch_sparse_decode.kernels import compile as helper  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "torch_sparse_decode"
-KERNELS = {"topk_engine", "topk_short_row", "moe_route", "moe_gate_route", "dcp_merge"}
+KERNELS = {"topk_engine", "topk_short_row", "moe_route", "moe_route_warps", "moe_gate_route", "dcp_merge"}
 
 
 def run_build(*args: str, timeout: int = 3000) -> subprocess.CompletedProcess:
