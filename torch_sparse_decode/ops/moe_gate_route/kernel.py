@@ -26,6 +26,7 @@ from ...kernels import pdl
 from ...kernels.compile import MODELS
 from ...kernels.topk import sm_count
 from ..moe_route import kernel as route
+from ..moe_route.build import grouping
 from . import front, split
 
 TIMEOUT_NS = 2_000_000_000  # a consumer's bound on waiting for the records (the error word after it)
@@ -74,7 +75,7 @@ def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expe
     experts = gate_weight.shape[0]
     if tokens == 0:
         return
-    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    groups, kept = grouping(num_expert_group, topk_group)
     if uses_front(hidden, gate_weight):
         box = workspace(front.workspace, hidden.device, experts)
         ctas = front.ctas_for(experts, sm_count(hidden.device))

@@ -28,6 +28,12 @@ class Routing:
         self.group_size = experts // groups
 
 
+def grouping(num_expert_group: int, topk_group: int) -> tuple[int, int]:
+    """(groups, kept) as a kernel's configuration takes them: (1, 1) for ungrouped routing, so one
+    build serves every ``topk_group`` a caller passes with it."""
+    return (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+
+
 def routings(target: Target) -> list[tuple]:
     """The routing of the models we serve (``Target.models``): scores after their sigmoid or
     router logits (``apply_sigmoid``), in fp32 or bf16; fp32 bias and weights."""

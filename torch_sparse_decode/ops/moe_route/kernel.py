@@ -46,7 +46,7 @@ from ...kernels.compile import cached_kernel
 from ...kernels.cute import warps_before
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 from . import warps
-from .build import Routing, compile_route, routings
+from .build import Routing, compile_route, grouping, routings
 from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized
 
 THREADS = 256
@@ -296,6 +296,6 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         warps.route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
                     pdl.enabled())
         return
-    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
              weights.dtype, pdl.enabled())(scores, bias, scale, weights, ids)

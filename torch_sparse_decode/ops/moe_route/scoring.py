@@ -23,6 +23,12 @@ def ordered(key: Float32) -> Int32:
 
 
 @cute.jit
+def unordered(high: Int32) -> Float32:
+    """The fp32 key of ``ordered`` bits (the flip is its own inverse; -0.0 comes back as +0.0)."""
+    return (high ^ ((high >> 31) & Int32(0x7FFFFFFF))).bitcast(Float32)
+
+
+@cute.jit
 def expert_key(key: Float32, expert: Int32) -> Int64:
     """Signed 64-bit library-order key of an fp32 key (NaN already mapped to -inf) and its id
     (an expert's, or a group's).

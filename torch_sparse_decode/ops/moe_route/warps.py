@@ -41,8 +41,8 @@ from cutlass import Float32, Int32
 
 from ...kernels.compile import Target, cached_kernel
 from ...kernels.cute import warp_max, warp_min
-from .build import Routing, compile_route, routings
-from .scoring import canonical, loaded, ordered, renormalized
+from .build import Routing, compile_route, grouping, routings
+from .scoring import canonical, loaded, ordered, renormalized, unordered
 
 # On by default; TORCH_SPARSE_DECODE_ROUTE_WARPS=0 keeps every batch on the CTA kernel.
 ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1"
@@ -55,12 +55,6 @@ MAX_EXPERTS = 512  # 16 keys and 16 scores a lane
 MAX_TOPK = 8
 TOKENS = 4  # warps (tokens) a CTA
 NONE = -(1 << 31)  # below every real key's ordered bits (-inf's are above it)
-
-
-@cute.jit
-def unordered(high: Int32) -> Float32:
-    """The fp32 key of ``ordered`` bits (the flip is its own inverse)."""
-    return (high ^ ((high >> 31) & Int32(0x7FFFFFFF))).bitcast(Float32)
 
 
 def lane_best(pairs: list) -> tuple:
@@ -185,7 +179,7 @@ def takes(scores: torch.Tensor, num_expert_group: int, topk: int) -> bool:
 def route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
           pdl_on: bool = False) -> None:
     """``moe_route`` by this kernel (arguments checked, a shape that ``fits``)."""
-    groups, kept = (num_expert_group, topk_group) if num_expert_group > 1 else (1, 1)
+    groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
              weights.dtype, pdl_on)(scores, bias, scale, weights, ids)
 
