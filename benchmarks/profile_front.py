@@ -1,7 +1,8 @@
 """Where the router front's time goes: a build with phase stamps (``front.PHASES``: each CTA's
 thread 0 reads %globaltimer at the end of each phase) run at the model shapes; this prints, per
 shape, when each phase ends, in us after the first CTA started: the median and the latest over
-the CTAs that take it (only CTAs t < T consume: "records in", "routed").
+the CTAs that take it (only CTAs t < T consume: "records in", "routed"); "start" is when each CTA
+began, the launch's spread over the CTAs.
 
     python benchmarks/profile_front.py [--results FILE]
 
@@ -56,13 +57,13 @@ def stamps(experts: int, topk: int, groups: int, kept: int, tokens: int) -> torc
 def main() -> None:
     args = parser(__doc__).parse_args()
     table = Table("moe_gate_route front phases (us after the first CTA's start: median / latest over the CTAs)",
-                  ["E/topk", "groups/kept", "T", "CTAs", *front.PHASES[1:]],
+                  ["E/topk", "groups/kept", "T", "CTAs", *front.PHASES],
                   "one eager call per shape (the third), after a 256 MiB write that clears L2")
     step = None
     for experts, topk, groups, kept, tokens in SHAPES:
         ns = stamps(experts, topk, groups, kept, tokens)
         cells = []
-        for p in range(1, len(front.PHASES)):
+        for p in range(len(front.PHASES)):
             taken = ns[:, p][ns[:, p] >= 0].double() / 1e3
             cells.append(f"{taken.median().item():.2f} / {taken.max().item():.2f}" if len(taken) else "-")
         table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, ns.shape[0], *cells)

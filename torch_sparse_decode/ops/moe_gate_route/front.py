@@ -145,6 +145,11 @@ class GateFront(MoeRoute):
         rows, chunk, per = self.rows, self.chunk, self.per
         if cutlass.const_expr(not self.pdl):  # a programmatic dependent has staged them before its wait
             self.stage_weights(gate, staged, cta, tid)
+        # The bias of the expert whose records this thread publishes, read now: its round trip
+        # hides under the GEMV instead of following the CTA's sums.
+        mine = Float32(0.0)
+        if tid < rows * chunk:
+            mine = bias[min(cta * rows + tid // chunk, self.experts - 1)]
         for first in range(0, tokens, chunk):
             xs = cute.make_rmem_tensor(chunk * per * 4, Uint32)  # (token, k, word)
             for k in cutlass.range_constexpr(per):
@@ -194,7 +199,7 @@ class GateFront(MoeRoute):
                     logits[t, expert] = logit
                     if expert != skip:  # tests: a record never published
                         at = (box.parity * MAX_TOKENS + t) * self.experts + expert
-                        cute.arch.store(word_at(box.words, at), record_of(logit, bias[expert]), sem="relaxed",
+                        cute.arch.store(word_at(box.words, at), record_of(logit, mine), sem="relaxed",
                                         scope="gpu")
 
     @cute.jit
