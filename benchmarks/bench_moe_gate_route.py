@@ -58,9 +58,9 @@ def bench(table: Table, bandwidth: float, experts: int, topk: int, groups: int, 
     padding = [(torch.zeros_like(h), g) for h, g in sets]
     nan = [(torch.full_like(h, float("nan")), g) for h, g in sets]
     fused, fused_tied, fused_nan, base = ours(sets), ours(padding), ours(nan), graph_us(unfused)
-    pdl.ON = True
+    pdl.ON, switch = True, pdl.ON
     dependent = ours(sets)
-    pdl.ON = False
+    pdl.ON = switch
     forced = "-"
     if tokens <= front_kernel.MAX_TOKENS:
         with gate_kernel.front_up_to(front_kernel.MAX_TOKENS):

@@ -358,18 +358,45 @@ def _compiled_ir(kernel, *config, **named) -> str:
         return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
 
 
-# A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``).
+# A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``),
+# and the op whose default its catalog follows (``kernels/pdl.py``; the top-k kernels' ord16 builds: the DCP's).
 PDL_BUILDS = {
-    "engine": ("torch_sparse_decode.kernels.topk.engine", (torch.float32, False, 2, False, False, False)),
-    "short_row": ("torch_sparse_decode.kernels.topk.short_row", (torch.float32,)),
-    "moe_route": ("torch_sparse_decode.ops.moe_route.kernel", (256, 8, True, True, 8, 4)),
-    "front": ("torch_sparse_decode.ops.moe_gate_route.front", (256, 7168, 8, True, 8, 4, 128, 1)),
+    "engine": ("torch_sparse_decode.kernels.topk.engine", (torch.float32, False, 2, False, False, False), "topk"),
+    "short_row": ("torch_sparse_decode.kernels.topk.short_row", (torch.float32,), "topk"),
+    "moe_route": ("torch_sparse_decode.ops.moe_route.kernel", (256, 8, True, True, 8, 4), "moe_route"),
+    "front": ("torch_sparse_decode.ops.moe_gate_route.front", (256, 7168, 8, True, 8, 4, 128, 1), "moe_gate_route"),
 }
+
+
+def test_programmatic_dependent_launch_is_chosen_per_op(monkeypatch):
+    """With the switch unset each op follows ``DEFAULT_ON``, and the catalogs with it (the top-k
+    kernels' ord16 builds follow the DCP pack's); TORCH_SPARSE_DECODE_PDL=1 / 0 (``ON``) sets every
+    op; the CPU interpreter never launches a programmatic dependent."""
+    from torch_sparse_decode.kernels import pdl
+    from torch_sparse_decode.kernels.compile import MODELS, Target
+    from torch_sparse_decode.kernels.topk import engine, short_row
+    from torch_sparse_decode.ops.moe_gate_route import front
+    from torch_sparse_decode.ops.moe_route import kernel as route
+
+    target = Target("sm_90a", 132, MODELS)
+    monkeypatch.setattr(pdl, "INTERPRETED", False)
+    monkeypatch.setattr(pdl, "ON", None)
+    monkeypatch.setattr(pdl, "DEFAULT_ON", frozenset({pdl.ROUTE, pdl.DCP}))
+    assert [pdl.enabled(op) for op in (pdl.ROUTE, pdl.FRONT, pdl.TOPK, pdl.DCP)] == [True, False, False, True]
+    assert {c[-1] for c in route.compiled.catalog(target)} == {True}
+    assert {c[-1] for c in front.compiled.catalog(target)} == {False}
+    assert {(c[3], c[-1]) for c in engine.compiled.catalog(target)} == {(False, False), (True, True)}
+    assert {(c[3], c[1]) for c in short_row.compiled.catalog(target)} == {(False, False), (True, True)}
+    for on in (True, False):
+        monkeypatch.setattr(pdl, "ON", on)
+        assert {pdl.enabled(op) for op in (pdl.ROUTE, pdl.FRONT, pdl.TOPK, pdl.DCP)} == {on}
+    monkeypatch.setattr(pdl, "INTERPRETED", True)
+    assert not pdl.enabled(pdl.ROUTE)
 
 
 @pytest.mark.parametrize("name", PDL_BUILDS)
 def test_a_kernel_waits_for_the_kernel_before_only_as_a_programmatic_dependent(name):
-    """``kernels/pdl.py`` (TORCH_SPARSE_DECODE_PDL=1) is what the catalog asks for; a build with it
+    """``kernels/pdl.py`` (the op's default, or TORCH_SPARSE_DECODE_PDL) is what the catalog asks for; a build with it
     waits for the kernel before (and lets its own dependents launch), a plain one does neither.
     The router front copies its weights (no kernel's output) before it waits."""
     import importlib
@@ -377,11 +404,13 @@ def test_a_kernel_waits_for_the_kernel_before_only_as_a_programmatic_dependent(n
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.kernels.compile import MODELS, Target
 
-    module, config = PDL_BUILDS[name]
+    module, config, op = PDL_BUILDS[name]
     compiled = importlib.import_module(module).compiled
-    assert pdl.ON == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
-    at = list(compiled._signature.parameters).index("pdl")
-    assert {c[at] for c in compiled.catalog(Target("sm_90a", 132, MODELS))} <= {pdl.enabled()}
+    assert pdl.ON == {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
+    params = list(compiled._signature.parameters)
+    at, keyed = params.index("pdl"), params.index("ord16") if "ord16" in params else None
+    for c in compiled.catalog(Target("sm_90a", 132, MODELS)):
+        assert c[at] == pdl.enabled(pdl.for_keys(c[keyed]) if keyed is not None else op)
     marks = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
     dependent = _compiled_ir(compiled, *config, pdl=True)
     assert all(mark in dependent for mark in marks)

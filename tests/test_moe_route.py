@@ -299,15 +299,15 @@ def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, se
     assert (((ids[rows] // size) == first) | ((ids[rows] // size) == second)).all()
 
 
-def test_programmatic_dependent_launch_is_opt_in():
-    """TORCH_SPARSE_DECODE_PDL=1 builds and launches the kernel as a programmatic dependent; off,
-    the catalog and the op take the plain build."""
+def test_programmatic_dependent_launch_follows_the_switch():
+    """The catalog and the op take the build ``kernels/pdl.py`` asks for moe_route: its per-op
+    default, or every op's (TORCH_SPARSE_DECODE_PDL=1 / 0)."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.kernels.compile import Target, MODELS
     from torch_sparse_decode.ops.moe_route import kernel
 
-    assert pdl.ON == (os.environ.get("TORCH_SPARSE_DECODE_PDL") == "1")
-    assert {config[-1] for config in kernel.compiled.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled()}
+    assert pdl.ON == {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
+    assert {config[-1] for config in kernel.compiled.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled(pdl.ROUTE)}
 
 
 @pytest.mark.gpu

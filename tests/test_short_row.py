@@ -64,10 +64,11 @@ def test_on_by_default_and_off_not_built(monkeypatch):
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     built = short_row.catalog(None)
     widths = (short_row.THREADS, short_row.HALF)
+    topk, dcp = pdl.enabled(pdl.TOPK), pdl.enabled(pdl.DCP)
     for source in (*TOPK_SCORES, torch.int32):  # scores and block keys, fused or not; the DCP pack's ord16 keys
-        assert {(source, pdl.enabled(), w, False, f, short_row.lean_for(w)) for w in widths for f in (False, True)} \
+        assert {(source, topk, w, False, f, short_row.lean_for(w)) for w in widths for f in (False, True)} \
             <= set(built)
-    assert {(source, pdl.enabled(), w, True, False, short_row.lean_for(w)) for source in DCP_SCORES for w in widths} \
+    assert {(source, dcp, w, True, False, short_row.lean_for(w)) for source in DCP_SCORES for w in widths} \
         <= set(built)
     assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
 

@@ -361,14 +361,14 @@ def catalog(target) -> list[tuple]:
     """Every configuration the ops can take (k and the sizes are runtime values): block keys with
     the pinned block, scores by their full bits and by their bf16 ord16 (the DCP pack), each
     source with and without the fused outputs, at every cluster size; launched as programmatic
-    dependents where ``pdl.enabled()`` says so."""
-    configs, dependent = [], pdl.enabled()
+    dependents where ``pdl.enabled`` says so for the op each serves."""
+    configs, topk, dcp = [], pdl.enabled(pdl.TOPK), pdl.enabled(pdl.DCP)
     for ctas in CLUSTER_SIZES:
         for source in SOURCES:
             for fused in (False, True):
-                configs.append((source, source is torch.int32, ctas, False, False, fused, dependent))
+                configs.append((source, source is torch.int32, ctas, False, False, fused, topk))
         for source in DCP_SCORES:
-            configs.append((source, False, ctas, True, False, False, dependent))
+            configs.append((source, False, ctas, True, False, False, dcp))
     return configs
 
 

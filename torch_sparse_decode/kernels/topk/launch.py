@@ -71,13 +71,14 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     fused = table is not None or want != 0
     outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
+    dependent = pdl.enabled(pdl.for_keys(ord16))
     if takes_short_row(src, pinned, ord16):
         threads = short_row.threads_for(src.shape[1])
-        short_row.compiled(src.dtype, pdl.enabled(), threads, ord16, fused, short_row.lean_for(threads))(
+        short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads))(
             src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=pdl.enabled())(
+    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=dependent)(
         src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
 
 

@@ -283,15 +283,15 @@ class ShortRowTopk(ShortDigits):
 # A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean).
 def catalog(target) -> list[tuple]:
     """Every build ``launch.select`` takes, while the path is on (``SHORT_ROWS``), as
-    programmatic dependents where ``pdl.enabled()`` says so, lean where ``LEAN`` says so: scores of
-    each dtype with and without the fused outputs, block keys likewise, and the DCP pack's ord16
-    keys; each at both widths."""
+    programmatic dependents where ``pdl.enabled`` says so for the op each serves, lean where
+    ``LEAN`` says so: scores of each dtype with and without the fused outputs, block keys likewise,
+    and the DCP pack's ord16 keys; each at both widths."""
     if not SHORT_ROWS:
         return []
-    on = pdl.enabled()
     sources = [(s, False, f) for s in (*TOPK_SCORES, BLOCK_KEYS) for f in (False, True)]
     sources += [(s, True, False) for s in DCP_SCORES]
-    return [(s, on, threads, ord16, f, lean_for(threads)) for s, ord16, f in sources for threads in (THREADS, HALF)]
+    return [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads)) for s, ord16, f in sources
+            for threads in (THREADS, HALF)]
 
 
 @cached_kernel("topk_short_row", catalog)

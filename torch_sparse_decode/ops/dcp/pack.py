@@ -177,7 +177,7 @@ def pack_rows(ids: torch.Tensor, scores: torch.Tensor, packed: torch.Tensor, res
     n = packed_row_slots(packed.shape[1])
     slots = rescue_row_slots(topk)
     if rows:
-        dependent = pdl.enabled()
+        dependent = pdl.enabled(pdl.DCP)
         pack_kernel[(rows,)](
             ids, ids.stride(0), scores, scores.stride(0), packed, packed.stride(0), rescue, rescue.stride(0),
             ids, ids, 0, 0, 0, 0,

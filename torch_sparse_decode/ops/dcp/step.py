@@ -121,7 +121,7 @@ def local_topk_ids(scores: torch.Tensor, lengths: torch.Tensor, ids: torch.Tenso
 
 def push_rows(ws: Workspace, ids: torch.Tensor, scores: torch.Tensor) -> None:
     """This rank's B' rows of the step from its local top-K ``ids`` into every rank's buffer."""
-    slots, dependent = rescue_row_slots(ws.topk), pdl.enabled()
+    slots, dependent = rescue_row_slots(ws.topk), pdl.enabled(pdl.DCP)
     pack_kernel[(ids.shape[0],)](
         ids, ids.stride(0), scores, scores.stride(0), ws.own_rows, ws.packed_words, ws.rescue, ws.rescue_words,
         ws.state, ws.peers, ws.rank, ws.rank * ws.max_rows * ws.packed_words, ws.exchange_parity, ws.rescue_parity,

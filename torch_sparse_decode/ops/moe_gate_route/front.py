@@ -278,8 +278,8 @@ class GateFront(MoeRoute):
 def catalog(target: Target) -> list[tuple]:
     """The front of each model we serve whose weight rows fit a launch's shared memory, at every
     chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs; a programmatic dependent
-    where ``pdl.enabled()`` says so."""
-    configs, dependent = [], pdl.enabled()
+    where ``pdl.enabled(pdl.FRONT)`` says so."""
+    configs, dependent = [], pdl.enabled(pdl.FRONT)
     for model in target.models:
         ctas = ctas_for(model.experts, target.sms)
         groups, kept = model.grouping

@@ -132,7 +132,7 @@ def router_logits(hidden: torch.Tensor, gate_weight: torch.Tensor, out: torch.Te
     (tokens, width), experts = hidden.shape, gate_weight.shape[0]
     p = plan(tokens, experts, width)
     partials = torch.empty(p.split, tokens, experts, dtype=torch.float32, device=hidden.device)
-    dependent = pdl.enabled()
+    dependent = pdl.enabled(pdl.FRONT)
     _router_split[p.grid(experts)](
         hidden, gate_weight, partials, out, arrivals, tokens, WIDTH=width, EXPERTS=experts, SPLIT=p.split,
         K_SPLIT=p.k_split, BLOCK_T=p.block_t, BLOCK_E=p.block_e, BLOCK_K=BLOCK_K, PDL=dependent, num_warps=WARPS,

@@ -43,7 +43,7 @@ def routings(target: Target) -> list[tuple]:
         for source in WARM_SCORES:
             for apply_sigmoid in (False, True):
                 configs.append((model.experts, model.topk, model.renormalize, apply_sigmoid, groups, kept, source,
-                                torch.float32, torch.float32, pdl.enabled()))
+                                torch.float32, torch.float32, pdl.enabled(pdl.ROUTE)))
     return configs
 
 

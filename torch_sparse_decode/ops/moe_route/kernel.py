@@ -294,8 +294,8 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     if warps.takes(scores, num_expert_group, topk):  # prefill-sized batches: one warp a token
         warps.route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_group, topk_group, weights, ids,
-                    pdl.enabled())
+                    pdl.enabled(pdl.ROUTE))
         return
     groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype, pdl.enabled())(scores, bias, scale, weights, ids)
+             weights.dtype, pdl.enabled(pdl.ROUTE))(scores, bias, scale, weights, ids)

@@ -72,7 +72,7 @@ def block_keys(logits: torch.Tensor, lengths: torch.Tensor, block_size: int, kee
     block_p2 = max(triton.next_power_of_2(block_size), 1)
     per_program = max(8192 // block_p2, 1)
     if rows and num_blocks:
-        dependent = pdl.enabled()
+        dependent = pdl.enabled(pdl.TOPK)
         # EARLY off only in the CPU interpreter (no PDL there); not `logits.is_cuda`, so that the
         # launch build_kernels compiles from CPU tensors is the one a GPU makes.
         _block_keys[(rows, triton.cdiv(num_blocks, per_program))](
