@@ -2,7 +2,8 @@
 thread 0 reads %globaltimer at the end of each phase) run at the model shapes; this prints, per
 shape, when each phase ends, in us after the first CTA started: the median and the latest over
 the CTAs that take it (only CTAs t < T consume: "records in", "routed"); "start" is when each CTA
-began, the launch's spread over the CTAs.
+began, the launch's spread over the CTAs; "weights in" when thread 0's copies of its weight
+vectors had landed, so "GEMV" minus it is the FMAs that follow the read.
 
     python benchmarks/profile_front.py [--results FILE]
 

@@ -44,7 +44,8 @@ UNPUBLISHED = ((SENTINEL << 32) | SENTINEL) - (1 << 64)  # a mailbox word no rec
 TIMED_OUT = 1  # state[2]: a consumer's wait ran out
 # A profiled build (benchmarks/profile_front.py) stamps %globaltimer at the end of each phase,
 # per CTA, into state[4 + cta * len(PHASES) + phase]; other builds compile the stamps out.
-PHASES = ("start", "GEMV", "published", "records in", "routed", "end")  # GEMV: the last chunk's FMAs (thread 0)
+# "weights in": thread 0's copies of its weight vectors have landed; "GEMV": its last chunk's FMAs.
+PHASES = ("start", "weights in", "GEMV", "published", "records in", "routed", "end")
 
 
 class Mailbox(NamedTuple):
@@ -169,6 +170,9 @@ class GateFront(MoeRoute):
             for k in cutlass.range_constexpr(per):
                 v = tid + THREADS * k
                 cute.arch.cp_async_wait_group(per - 1 - k)  # slice k has landed (no-op after chunk 0)
+                if cutlass.const_expr(self.profile and k == per - 1):
+                    if first == 0:
+                        self.mark(box.state, "weights in", cta, tid)
                 if v < self.vecs:
                     xf = cute.make_rmem_tensor(chunk * 8, Float32)
                     for t in cutlass.range_constexpr(chunk):
