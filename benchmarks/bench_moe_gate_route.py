@@ -26,7 +26,7 @@ import torch
 import torch_sparse_decode  # noqa: F401  (registers the ops)
 from torch_sparse_decode.kernels import pdl
 from torch_sparse_decode.ops.moe_gate_route import front as front_kernel, kernel as gate_kernel, split
-from harness import Table, copy_bandwidth_tbs, graph_us, parser, rotation
+from harness import Table, copy_bandwidth_tbs, graph_us, parser, rotation, switched
 
 WIDTH = 7168
 SCALE = 2.5
@@ -58,19 +58,16 @@ def bench(table: Table, bandwidth: float, experts: int, topk: int, groups: int, 
     padding = [(torch.zeros_like(h), g) for h, g in sets]
     nan = [(torch.full_like(h, float("nan")), g) for h, g in sets]
     fused, fused_tied, fused_nan, base = ours(sets), ours(padding), ours(nan), graph_us(unfused)
-    pdl.ON, switch = True, pdl.ON
-    dependent = ours(sets)
-    pdl.ON = switch
+    with switched(pdl, "ON", True):
+        dependent = ours(sets)
     forced = "-"
     if tokens <= front_kernel.MAX_TOKENS:
         with gate_kernel.front_up_to(front_kernel.MAX_TOKENS):
             forced = ours(sets)
     split_us = "-"
     if tokens <= split.MAX_TOKENS:
-        split.SPLIT, switch = True, split.SPLIT
-        with gate_kernel.front_up_to(0):
+        with switched(split, "SPLIT", True), gate_kernel.front_up_to(0):
             split_us = ours(sets)
-        split.SPLIT = switch
     floor_us = experts * WIDTH * 2 / (bandwidth * 1e12) * 1e6
     ok = max(fused, fused_tied, fused_nan) <= bar
     table.add(f"{experts}/{topk}", f"{groups}/{kept}", tokens, fused, fused_tied, fused_nan, dependent, forced,

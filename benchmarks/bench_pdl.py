@@ -1,10 +1,10 @@
-"""Programmatic dependent launch (``kernels/pdl.py``, on unless ``TORCH_SPARSE_DECODE_PDL=0``)
-behind the kernel a runner has before each op: the router GEMM before ``moe_route``, the residual
-add that writes the hidden states before the router front (``moe_gate_route``), the indexer's
-score GEMM before ``indexer_topk`` and before the DCP pack (``dcp.pack_candidates``: the local
-select, then the pack). Each step (the kernel before, then the op) is captured in a CUDA graph
-and timed with our kernels launched plainly and as programmatic dependents, switched in the same
-process, beside the kernel before alone.
+"""Programmatic dependent launch (``kernels/pdl.py``, whose per-op default ``DEFAULT_ON`` is set
+from this) behind the kernel a runner has before each op: the router GEMM before ``moe_route``,
+the residual add that writes the hidden states before the router front (``moe_gate_route``), the
+indexer's score GEMM before ``indexer_topk`` and before the DCP pack (``dcp.pack_candidates``: the
+local select, then the pack). Each step (the kernel before, then the op) is captured in a CUDA
+graph and timed with our kernels launched plainly and as programmatic dependents, switched in the
+same process, beside the kernel before alone.
 
     python benchmarks/bench_pdl.py [--quick] [--results FILE]
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 import torch_sparse_decode as tsd
-from harness import Table, graph_us, parser, rotation
+from harness import Table, graph_us, parser, rotation, switched
 from torch_sparse_decode import dcp
 from torch_sparse_decode.kernels import pdl
 
@@ -27,11 +27,10 @@ def timed(before, op, sets) -> tuple[float, float, float]:
     """(the kernel before alone, it then the op plainly, it then the op as its programmatic
     dependent), us a step."""
     alone = graph_us(lambda i: before(*sets[i % len(sets)]))
-    steps, switch = [], pdl.ON
+    steps = []
     for on in (False, True):
-        pdl.ON = on
-        steps.append(graph_us(lambda i: op(before(*sets[i % len(sets)]))))
-    pdl.ON = switch
+        with switched(pdl, "ON", on):
+            steps.append(graph_us(lambda i: op(before(*sets[i % len(sets)]))))
     return alone, *steps
 
 

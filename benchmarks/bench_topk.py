@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 import torch_sparse_decode  # noqa: F401  (registers the ops)
-from harness import Table, floor_bandwidth_tbs, graph_us, parser, rotation
+from harness import Table, floor_bandwidth_tbs, graph_us, parser, rotation, switched
 
 K = 2048
 
@@ -155,13 +155,10 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     sets = rotation(make, rows * width * dtype.itemsize)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     topk = torch.ops.sparse_decode.indexer_topk
-    saved, times = short_row.SHORT_ROWS, {}
-    try:
-        for path in ("engine", "short"):
-            short_row.SHORT_ROWS = path == "short"
+    times = {}
+    for path in ("engine", "short"):
+        with switched(short_row, "SHORT_ROWS", path == "short"):
             times[path] = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
-    finally:
-        short_row.SHORT_ROWS = saved
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
     floor = graph_us(lambda i: launch_read_floor(*sets[i % len(sets)], out))
     bar = SHORT_BARS.get((rows, width))

@@ -6,6 +6,7 @@ same code in the same process, results appended as a dated table to benchmarks/h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import statistics
@@ -49,6 +50,18 @@ def two_gpu_main(description: str, rank_main: Callable, flag: str, flag_help: st
         one_gpu(args.results, args.quick)
     else:
         spawn_ranks(rank_main, 2, args.quick, args.results)
+
+
+@contextlib.contextmanager
+def switched(module, attr: str, value):
+    """``module.attr`` (a path's switch: ``pdl.ON``, ``split.SPLIT``) set to ``value`` within, as it
+    was after."""
+    saved = getattr(module, attr)
+    setattr(module, attr, value)
+    try:
+        yield
+    finally:
+        setattr(module, attr, saved)
 
 
 def rotation(make_inputs: Callable[[int], Sequence[torch.Tensor]], bytes_per_set: int) -> list:
