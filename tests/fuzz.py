@@ -461,11 +461,12 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
 def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
-    from torch_sparse_decode.ops.moe_gate_route import split
+    from torch_sparse_decode.ops.moe_gate_route import front, split
     from torch_sparse_decode.ops.moe_route import warps
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (tsd_short_row(), "LEAN", "short_lean"), (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"))
+            (tsd_short_row(), "LEAN", "short_lean"), (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
+            (front, "BULK", "front_bulk"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:

@@ -235,11 +235,11 @@ SM90_SMEM = 227 * 1024  # shared memory one block may take on SM90
 SM90_SM_SMEM = 228 * 1024  # an SM's, shared by its blocks
 
 
-def compiled_smem_bytes(kernel, *config) -> int:
+def compiled_smem_bytes(kernel, *config, **named) -> int:
     """The shared memory a configuration allocates, as compiled: the sum of the kernel's shared
     allocations (each aligned) in the IR the DSL hands its compiler. (The CPU compile does not
     check it against the GPU's limit; a launch would fail there.)"""
-    text = _compiled_ir(kernel, *config)
+    text = _compiled_ir(kernel, *config, **named)
     types = {name: (int(align), int(size)) for name, align, size in re.findall(
         r'^(!memref_smem_i8[_0-9]*) = !cute\.memref<i8, smem, align<(\d+)>, "(\d+):1">', text, re.M)}
     total = 0
@@ -308,11 +308,13 @@ def test_fused_engine_build_does_not_spill():
                                                              (17, 2056, 3, 1, 1)])
 def test_router_front_compiles(experts, width, topk_, groups, kept):
     """The one-launch router front at the model shapes and odd ones (E not a multiple of the
-    CTAs, H not a multiple of 256), with and without renormalization."""
+    CTAs, H not a multiple of 256), with and without renormalization, staging by cp.async and by
+    bulk copies (the last slice of a row as short as one vector)."""
     from torch_sparse_decode.ops.moe_gate_route import front
 
-    for renormalize, chunk in ((True, 1), (False, 2), (True, 4)):
-        assert front.compiled(experts, width, topk_, renormalize, groups, kept, front.ctas_for(experts, 132), chunk)
+    for renormalize, chunk, bulk in ((True, 1, False), (False, 2, False), (True, 4, False), (True, 1, True)):
+        assert front.compiled(experts, width, topk_, renormalize, groups, kept, front.ctas_for(experts, 132), chunk,
+                              bulk=bulk)
 
 
 def test_router_front_shared_memory_fits_sm90():
@@ -324,9 +326,11 @@ def test_router_front_shared_memory_fits_sm90():
 
     for experts, width, topk_, groups, kept in ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)):
         ctas = front.ctas_for(experts, 132)
-        got = compiled_smem_bytes(front.compiled, experts, width, topk_, True, groups, kept, ctas, front.CHUNK)
         counted = front.smem_bytes(experts, width, ctas, front.CHUNK)
-        assert counted - 1024 < got <= counted, (experts, width, got, counted)
+        for bulk in (False, True):
+            got = compiled_smem_bytes(front.compiled, experts, width, topk_, True, groups, kept, ctas, front.CHUNK,
+                                      bulk=bulk)
+            assert counted - 1024 < got <= counted, (experts, width, bulk, got, counted)
     for experts, width in ((896, 7168), (256, 7168), (1024, 8192)):
         for sms in (132, 114):
             assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT
@@ -384,7 +388,7 @@ def test_programmatic_dependent_launch_is_chosen_per_op(monkeypatch):
     monkeypatch.setattr(pdl, "DEFAULT_ON", frozenset({pdl.ROUTE, pdl.DCP}))
     assert [pdl.enabled(op) for op in (pdl.ROUTE, pdl.FRONT, pdl.TOPK, pdl.DCP)] == [True, False, False, True]
     assert {c[-1] for c in route.compiled.catalog(target)} == {True}
-    assert {c[-1] for c in front.compiled.catalog(target)} == {False}
+    assert {c[8] for c in front.compiled.catalog(target)} == {False}
     assert {(c[3], c[-1]) for c in engine.compiled.catalog(target)} == {(False, False), (True, True)}
     assert {(c[3], c[1]) for c in short_row.compiled.catalog(target)} == {(False, False), (True, True)}
     for on in (True, False):

@@ -22,6 +22,7 @@ on %globaltimer treats the missing records as (0, -inf), finishes, and sets ``st
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
@@ -42,6 +43,10 @@ MAX_WIDTH = 8192  # the widest hidden the front stages (wider: the GEMM path)
 SENTINEL = 0x80000000
 UNPUBLISHED = ((SENTINEL << 32) | SENTINEL) - (1 << 64)  # a mailbox word no record can be (as int64)
 TIMED_OUT = 1  # state[2]: a consumer's wait ran out
+# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_FRONT_BULK=1): the weights staged by a
+# few bulk copies (one a row slice, issued by one warp, each slice's landing counted by an
+# mbarrier) instead of 16-byte cp.async by every thread; read at each launch.
+BULK = os.environ.get("TORCH_SPARSE_DECODE_FRONT_BULK") == "1"
 # A profiled build (benchmarks/profile_front.py) stamps %globaltimer at the end of each phase,
 # per CTA, into state[4 + cta * len(PHASES) + phase]; other builds compile the stamps out.
 # "weights in": thread 0's copies of its weight vectors have landed; "GEMV": its last chunk's FMAs.
@@ -71,6 +76,14 @@ def record_of(logit: Float32, bias: Float32) -> Int64:
 
 
 @cute.jit
+def copy_bulk(dst: Int32, src: Int64, nbytes: Int32, landed: Int32):
+    """A bulk copy of ``nbytes`` (a multiple of 16) from global ``src`` to shared ``dst`` (both
+    16-byte aligned), counted on the mbarrier at shared ``landed`` as it lands."""
+    cute.arch.inline_ptx("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                         "[{$r0}], [{$r1}], {$r2}, [{$r3}];", read_only_args=[dst, src, nbytes, landed])
+
+
+@cute.jit
 def word_at(words: cute.Tensor, at: Int32):
     return cute.make_ptr(Int64, (words.iterator + at).toint(), cute.AddressSpace.gmem, assumed_align=8)
 
@@ -79,12 +92,12 @@ class GateFront(MoeRoute):
     """The front at one static configuration: E, H, topk, renormalize, groups, CTAs, tokens a
     chunk; ``pdl``: launched as a programmatic dependent of the kernel that writes ``hidden``. Its
     weights are no kernel's output, so their copy to shared memory starts before the wait, under
-    that kernel's tail."""
+    that kernel's tail. ``bulk``: the weights staged by bulk copies (``BULK``)."""
 
     def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
-                 ctas: int, chunk: int, pdl: bool = False, profile: bool = False):
+                 ctas: int, chunk: int, pdl: bool = False, bulk: bool = False, profile: bool = False):
         super().__init__(experts, topk, renormalize, True, groups, topk_group, pdl)
-        self.profile = profile
+        self.profile, self.bulk = profile, bulk
         self.width, self.words, self.vecs = width, width // 2, width // 8  # bf16, 32-bit words, 16-byte vectors
         self.per = -(-self.vecs // THREADS)  # a thread's vectors of a row
         self.ctas, self.chunk = ctas, chunk
@@ -120,6 +133,32 @@ class GateFront(MoeRoute):
             cute.arch.cp_async_commit_group()
 
     @cute.jit
+    def stage_bulk(self, gate: cute.Tensor, staged: cute.Tensor, landed: cute.Tensor, cta: Int32, tid: Int32):
+        """``stage_weights`` by bulk copies: slice k (the vectors THREADS * k onward of every row,
+        the ones thread tid reads at step k) lands on mbarrier k, copied a row at a time by one
+        lane of warp 0 each. Threads wait on it only after ``count_in``'s CTA barrier, which
+        follows the barriers' initialization."""
+        if tid == 0:
+            for k in cutlass.range_constexpr(self.per):
+                cute.arch.mbarrier_init(landed.iterator + k, 1)
+            cute.arch.mbarrier_init_fence()
+            for k in cutlass.range_constexpr(self.per):
+                vecs = min(THREADS, self.vecs - THREADS * k)
+                cute.arch.mbarrier_arrive_and_expect_tx(landed.iterator + k, self.rows * vecs * 16)
+        if tid < 32:
+            cute.arch.sync_warp()
+            for first in cutlass.range_constexpr(0, self.rows * self.per, 32):
+                c = tid + first
+                if c < self.rows * self.per:
+                    k, r = c // self.rows, c % self.rows
+                    expert = min(cta * self.rows + r, self.experts - 1)  # a CTA's rows past E: discarded
+                    at = r * self.words + 4 * THREADS * k
+                    vecs = min(Int32(THREADS), self.vecs - THREADS * k)
+                    copy_bulk(Int32((staged.iterator + at).toint()),
+                              Int64((gate.iterator + (Int64(expert) * self.words + 4 * THREADS * k)).toint()),
+                              vecs * 16, Int32((landed.iterator + k).toint()))
+
+    @cute.jit
     def count_in(self, state: cute.Tensor, tid: Int32):
         """Count this CTA in once all its threads have read the parity; the launch's last CTA to
         count in advances it for the next launch. Called with the CTA's copies in flight, so
@@ -134,7 +173,8 @@ class GateFront(MoeRoute):
 
     @cute.jit
     def produce(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor,
-                staged: cute.Tensor, partial: cute.Tensor, box: Mailbox, skip: Int32, cta: Int32, tid: Int32):
+                staged: cute.Tensor, partial: cute.Tensor, landed: cute.Tensor, box: Mailbox, skip: Int32, cta: Int32,
+                tid: Int32):
         """This CTA's experts' logits for every token, published to the mailbox. Thread tid owns
         the 16-byte column vectors tid + THREADS * k (8 bf16 each) of every row: its weights come
         from shared memory (``stage_weights``), its hidden vectors of ``chunk`` tokens straight
@@ -145,7 +185,7 @@ class GateFront(MoeRoute):
         tokens = hidden.shape[0]
         rows, chunk, per = self.rows, self.chunk, self.per
         if cutlass.const_expr(not self.pdl):  # a programmatic dependent has staged them before its wait
-            self.stage_weights(gate, staged, cta, tid)
+            self.stage(gate, staged, landed, cta, tid)
         # The bias of the expert whose records this thread publishes, read now: its round trip
         # hides under the GEMV instead of following the CTA's sums.
         mine = Float32(0.0)
@@ -169,7 +209,10 @@ class GateFront(MoeRoute):
                 acc[q] = Float32(0.0)
             for k in cutlass.range_constexpr(per):
                 v = tid + THREADS * k
-                cute.arch.cp_async_wait_group(per - 1 - k)  # slice k has landed (no-op after chunk 0)
+                if cutlass.const_expr(self.bulk):  # slice k has landed (at once after chunk 0)
+                    cute.arch.mbarrier_wait(landed.iterator + k, 0)
+                else:
+                    cute.arch.cp_async_wait_group(per - 1 - k)
                 if cutlass.const_expr(self.profile and k == per - 1):
                     if first == 0:
                         self.mark(box.state, "weights in", cta, tid)
@@ -248,13 +291,23 @@ class GateFront(MoeRoute):
                 if cutlass.const_expr(self.groups > 1):
                     value[expert] = key
 
+    @cute.jit
+    def stage(self, gate: cute.Tensor, staged: cute.Tensor, landed: cute.Tensor, cta: Int32, tid: Int32):
+        if cutlass.const_expr(self.bulk):
+            self.stage_bulk(gate, staged, landed, cta, tid)
+        else:
+            self.stage_weights(gate, staged, cta, tid)
+
     def shared(self):
-        """The shared memory allocator, the CTA's weight rows and the warps' partial sums (the
-        routing allocates after them)."""
+        """The shared memory allocator, the CTA's weight rows, the warps' partial sums and the
+        slices' mbarriers (the routing allocates after them)."""
         smem = cutlass.memory.SmemAllocator()
         staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)
         partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
-        return smem, staged, partial
+        landed = partial  # not read without bulk copies (whose builds allocate it)
+        if cutlass.const_expr(self.bulk):
+            landed = smem.allocate_tensor(Int64, cute.make_layout(self.per), 8)
+        return smem, staged, partial, landed
 
     @cute.kernel
     def kernel(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, scale: Float32,
@@ -264,14 +317,14 @@ class GateFront(MoeRoute):
         cta, _, _ = cute.arch.block_idx()
         self.mark(state, "start", cta, tid)
         if cutlass.const_expr(self.pdl):
-            smem, staged, partial = self.shared()
-            self.stage_weights(gate, staged, cta, tid)
+            smem, staged, partial, landed = self.shared()
+            self.stage(gate, staged, landed, cta, tid)
             cute.arch.griddepcontrol_wait()  # hidden, and the parity a front before may have advanced
             cute.arch.griddepcontrol_launch_dependents()
         box = Mailbox(words, state, Int32(state[0] & Int64(1)), timeout_ns)
         if cutlass.const_expr(not self.pdl):
-            smem, staged, partial = self.shared()
-        self.produce(hidden, gate, bias, logits, staged, partial, box, skip, cta, tid)
+            smem, staged, partial, landed = self.shared()
+        self.produce(hidden, gate, bias, logits, staged, partial, landed, box, skip, cta, tid)
         self.mark(state, "published", cta, tid)
         if cta < hidden.shape[0]:
             self.route(smem, box, cta, scale, weights, ids, tid)
@@ -282,7 +335,7 @@ class GateFront(MoeRoute):
 def catalog(target: Target) -> list[tuple]:
     """The front of each model we serve whose weight rows fit a launch's shared memory, at every
     chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs; a programmatic dependent
-    where ``pdl.enabled(pdl.FRONT)`` says so."""
+    where ``pdl.enabled(pdl.FRONT)`` says so, staging by bulk copies where ``BULK`` does."""
     configs, dependent = [], pdl.enabled(pdl.FRONT)
     for model in target.models:
         ctas = ctas_for(model.experts, target.sms)
@@ -290,13 +343,13 @@ def catalog(target: Target) -> list[tuple]:
         if fits(model.experts, model.hidden, ctas, CHUNK):  # as the op asks (moe_gate_route's uses_front)
             for chunk in sorted({chunk_for(tokens) for tokens in range(1, MAX_TOKENS + 1)}):
                 configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk,
-                                dependent))
+                                dependent, BULK))
     return configs
 
 
 @cached_kernel("moe_gate_route", catalog)
 def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
-             chunk: int, pdl: bool = False, profile: bool = False):
+             chunk: int, pdl: bool = False, bulk: bool = False, profile: bool = False):
     """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
     ``gate`` are passed as int32 words (two bf16 each); a ``profile`` build's state has its phase
     stamps after the four words."""
@@ -309,7 +362,7 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
     logits = fake_tensor(Float32, (tokens, experts), (experts, 1))
     words = fake_tensor(Int64, (2 * MAX_TOKENS * experts,), (1,), 8)
     state = fake_tensor(Int64, (4 + (ctas * len(PHASES) if profile else 0),), (1,), 8)
-    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, profile)
+    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, bulk, profile)
     return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
                         Int32(-1), fake_stream(), options="--enable-tvm-ffi")
 
@@ -324,9 +377,10 @@ ROUTING_SMEM = MoeRoute.SMEM_BYTES  # the routing's arrays after the front's own
 
 
 def smem_bytes(experts: int, width: int, ctas: int, chunk: int) -> int:
-    """Shared memory of a launch: the CTA's weight rows, the warps' partial sums, the routing."""
+    """Shared memory of a launch: the CTA's weight rows, the warps' partial sums, the slices'
+    mbarriers, the routing."""
     rows = -(-experts // ctas)
-    return rows * width * 2 + WARPS * rows * chunk * 4 + ROUTING_SMEM
+    return rows * width * 2 + WARPS * rows * chunk * 4 + 8 * -(-width // (8 * THREADS)) + ROUTING_SMEM
 
 
 def fits(experts: int, width: int, ctas: int, chunk: int) -> bool:

@@ -79,9 +79,9 @@ def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expe
     if uses_front(hidden, gate_weight):
         box = workspace(front.workspace, hidden.device, experts)
         ctas = front.ctas_for(experts, sm_count(hidden.device))
-        dependent = pdl.enabled(pdl.FRONT)
-        front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens), dependent)(
-            hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
+        build = front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens),
+                               pdl.enabled(pdl.FRONT), front.BULK)
+        build(hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
             box.words, box.state, timeout_ns, skip)
         return
     if split.takes(hidden, gate_weight):
