@@ -4,11 +4,11 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
     python benchmarks/profile_short_row.py [--quick] [--check CASES] [--results FILE]
     python benchmarks/profile_short_row.py --phases [--results FILE]
 
-``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K) with
-phase marks (``ShortRowTopk(profile=True)``, ``short_digits.PHASES``): the median over rows of
-thread 0's SM cycles in each phase (0: a phase the row skips), and each CTA's span on the global
-timer beside the call's time in a CUDA graph; what the span leaves out is the launch and the
-kernel's drain.
+``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K; lean
+where ``lean_for`` says) with phase marks (``ShortRowTopk(profile=True)``,
+``short_digits.PHASES``): the median over rows of thread 0's SM cycles in each phase (0: a phase
+the row skips), and each CTA's span on the global timer beside the call's time in a CUDA graph;
+what the span leaves out is the launch and the kernel's drain.
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
@@ -194,9 +194,10 @@ def phases(results: str | None) -> None:
         for threads in sorted({short_row.threads_for(width), short_row.THREADS}):
             if width > threads * short_digits.PER:
                 continue
-            profiled = short_row.build(short_row.ShortRowTopk(torch.float32, threads=threads, profile=True),
-                                       torch.float32)
-            plain = short_row.compiled(torch.float32, False, threads, False, False, False)  # as launch.select asks
+            lean = short_row.lean_for(threads)  # the shipped build of this width, as launch.select asks
+            profiled = short_row.build(short_row.ShortRowTopk(torch.float32, threads=threads, profile=True,
+                                                              one_barrier=lean, ties_taken=lean), torch.float32)
+            plain = short_row.compiled(torch.float32, False, threads, False, False, lean)
             for kind in ("randn", "ties"):
                 sets = rotation(inputs(kind, rows, width), rows * width * 4)
                 out = torch.full((rows, K + 1 + len(names) + 2), -7, dtype=torch.int32, device="cuda")
