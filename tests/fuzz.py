@@ -466,7 +466,7 @@ def opt_in_switches():
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
-            (front, "BULK", "front_bulk"))
+            (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:

@@ -309,12 +309,17 @@ def test_fused_engine_build_does_not_spill():
 def test_router_front_compiles(experts, width, topk_, groups, kept):
     """The one-launch router front at the model shapes and odd ones (E not a multiple of the
     CTAs, H not a multiple of 256), with and without renormalization, staging by cp.async and by
-    bulk copies (the last slice of a row as short as one vector)."""
+    bulk copies (the last slice of a row as short as one vector), on the CUDA cores and, where
+    rows are whole 32-column blocks, on the tensor cores (one and two MMAs' tokens)."""
     from torch_sparse_decode.ops.moe_gate_route import front
 
+    ctas = front.ctas_for(experts, 132)
     for renormalize, chunk, bulk in ((True, 1, False), (False, 2, False), (True, 4, False), (True, 1, True)):
-        assert front.compiled(experts, width, topk_, renormalize, groups, kept, front.ctas_for(experts, 132), chunk,
-                              bulk=bulk)
+        assert front.compiled(experts, width, topk_, renormalize, groups, kept, ctas, chunk, bulk=bulk)
+    assert front.fits(experts, width, ctas, mma=True) == (width % 32 == 0)
+    if width % 32 == 0:
+        for renormalize, chunk in ((True, 8), (False, 16)):
+            assert front.compiled(experts, width, topk_, renormalize, groups, kept, ctas, chunk, mma=True)
 
 
 def test_router_front_shared_memory_fits_sm90():
@@ -326,11 +331,11 @@ def test_router_front_shared_memory_fits_sm90():
 
     for experts, width, topk_, groups, kept in ((896, 7168, 16, 1, 1), (256, 7168, 8, 8, 4)):
         ctas = front.ctas_for(experts, 132)
-        counted = front.smem_bytes(experts, width, ctas, front.CHUNK)
-        for bulk in (False, True):
-            got = compiled_smem_bytes(front.compiled, experts, width, topk_, True, groups, kept, ctas, front.CHUNK,
-                                      bulk=bulk)
-            assert counted - 1024 < got <= counted, (experts, width, bulk, got, counted)
+        for chunk, bulk, mma in ((front.CHUNK, False, False), (front.CHUNK, True, False), (16, True, True)):
+            counted = front.smem_bytes(experts, width, ctas, chunk, mma)
+            got = compiled_smem_bytes(front.compiled, experts, width, topk_, True, groups, kept, ctas, chunk,
+                                      bulk=bulk, mma=mma)
+            assert counted - 1024 < got <= counted, (experts, width, bulk, mma, got, counted)
     for experts, width in ((896, 7168), (256, 7168), (1024, 8192)):
         for sms in (132, 114):
             assert front.smem_bytes(experts, width, front.ctas_for(experts, sms), front.CHUNK) <= front.SMEM_LIMIT

@@ -1,15 +1,14 @@
 """The one-launch router front (CuTe DSL): the router GEMV and the routing of a decode batch.
 
 Every CTA of the launch (one per SM at most, so all are co-resident) first produces: it owns
-``rows`` consecutive experts and copies their weight rows to shared memory at once (cp.async), so
-the whole read of the weights is in flight from the start. Each thread owns a few 16-byte column
-vectors of every row; it holds the same columns of CHUNK tokens' hidden states in registers and
-sums the bf16 products in fp32 (FMA), then the CTA reduces (a butterfly, then the warps in order).
-For each (token, expert) it writes the logit to ``router_logits`` and publishes the record
-(sigmoid score, score + bias) as one 64-bit word of the mailbox. Then CTA t < T consumes: it polls
-token t's records until every expert's is published, resets them, and runs ``moe_route``'s
-routing on them (``MoeRoute.route``), so ids and weights are those of ``moe_route`` with its
-sigmoid on the same logits, bit for bit.
+``rows`` consecutive experts and copies their weight rows to shared memory at once, so the whole
+read of the weights is in flight from the start, and sums their bf16 products with the batch's
+hidden states in fp32 (``gemv.py``: FMAs on the CUDA cores, or opt-in MMAs on the tensor cores),
+then adds the warps' sums in order. For each (token, expert) it writes the logit to
+``router_logits`` and publishes the record (sigmoid score, score + bias) as one 64-bit word of
+the mailbox. Then CTA t < T consumes: it polls token t's records until every expert's is
+published, resets them, and runs ``moe_route``'s routing on them (``MoeRoute.route``), so ids
+and weights are those of ``moe_route`` with its sigmoid on the same logits, bit for bit.
 
 The mailbox (``Mailbox``) is [2 parities, MAX_TOKENS, E] words that hold SENTINEL when not
 published. A record is canonical first (NaN -> (0, -inf), -0.0 -> +0.0), so its words are never
@@ -33,9 +32,9 @@ from cutlass import Float32, Int32, Int64, Uint32
 
 from ...kernels import pdl
 from ...kernels.compile import Target, cached_kernel, fake_stream, fake_tensor
-from ...kernels.cute import copy_async16, load_global16, load_shared16
 from ..moe_route.kernel import THREADS, WARPS, MoeRoute
-from ..moe_route.scoring import KEY_NONE, canonical, expert_key, scored, sigmoid, warp_sum
+from ..moe_route.scoring import KEY_NONE, canonical, expert_key, scored, sigmoid
+from .gemv import MMA_ROWS, MMA_TOKENS, Gemv
 
 MAX_TOKENS = 16  # the most tokens a launch takes (the mailbox's rows a parity); the op's switch is lower
 CHUNK = 4  # the most tokens whose hidden vectors a thread holds in registers at a time
@@ -47,6 +46,9 @@ TIMED_OUT = 1  # state[2]: a consumer's wait ran out
 # few bulk copies (one a row slice, issued by one warp, each slice's landing counted by an
 # mbarrier) instead of 16-byte cp.async by every thread; read at each launch.
 BULK = os.environ.get("TORCH_SPARSE_DECODE_FRONT_BULK") == "1"
+# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_FRONT_MMA=1; stages by bulk copies): the
+# GEMV on the tensor cores (``gemv.py``); read at each launch.
+MMA = os.environ.get("TORCH_SPARSE_DECODE_FRONT_MMA") == "1"
 # A profiled build (benchmarks/profile_front.py) stamps %globaltimer at the end of each phase,
 # per CTA, into state[4 + cta * len(PHASES) + phase]; other builds compile the stamps out.
 # "weights in": thread 0's copies of its weight vectors have landed; "GEMV": its last chunk's FMAs.
@@ -61,12 +63,6 @@ class Mailbox(NamedTuple):
 
 
 @cute.jit
-def bf16_pair(word: Uint32):
-    """The two bf16 of a 32-bit word (element 2j low, 2j + 1 high) as fp32."""
-    return (word << Uint32(16)).bitcast(Float32), (word & Uint32(0xFFFF0000)).bitcast(Float32)
-
-
-@cute.jit
 def record_of(logit: Float32, bias: Float32) -> Int64:
     """The published record of a logit: (score bits, then score + bias bits above them), NaN as
     (0, -inf) and -0.0 as +0.0, exactly as ``moe_route`` keys the score."""
@@ -76,33 +72,30 @@ def record_of(logit: Float32, bias: Float32) -> Int64:
 
 
 @cute.jit
-def copy_bulk(dst: Int32, src: Int64, nbytes: Int32, landed: Int32):
-    """A bulk copy of ``nbytes`` (a multiple of 16) from global ``src`` to shared ``dst`` (both
-    16-byte aligned), counted on the mbarrier at shared ``landed`` as it lands."""
-    cute.arch.inline_ptx("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                         "[{$r0}], [{$r1}], {$r2}, [{$r3}];", read_only_args=[dst, src, nbytes, landed])
-
-
-@cute.jit
 def word_at(words: cute.Tensor, at: Int32):
     return cute.make_ptr(Int64, (words.iterator + at).toint(), cute.AddressSpace.gmem, assumed_align=8)
 
 
-class GateFront(MoeRoute):
+class GateFront(Gemv, MoeRoute):
     """The front at one static configuration: E, H, topk, renormalize, groups, CTAs, tokens a
     chunk; ``pdl``: launched as a programmatic dependent of the kernel that writes ``hidden``. Its
     weights are no kernel's output, so their copy to shared memory starts before the wait, under
-    that kernel's tail. ``bulk``: the weights staged by bulk copies (``BULK``)."""
+    that kernel's tail. ``bulk``: the weights staged by bulk copies (``BULK``); ``mma``: the GEMV
+    on the tensor cores (``MMA``; staged by bulk copies, ``chunk`` a multiple of MMA_TOKENS)."""
 
     def __init__(self, experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int,
-                 ctas: int, chunk: int, pdl: bool = False, bulk: bool = False, profile: bool = False):
+                 ctas: int, chunk: int, pdl: bool = False, bulk: bool = False, mma: bool = False,
+                 profile: bool = False):
         super().__init__(experts, topk, renormalize, True, groups, topk_group, pdl)
-        self.profile, self.bulk = profile, bulk
+        self.profile, self.bulk, self.mma = profile, bulk or mma, mma
         self.width, self.words, self.vecs = width, width // 2, width // 8  # bf16, 32-bit words, 16-byte vectors
         self.per = -(-self.vecs // THREADS)  # a thread's vectors of a row
         self.ctas, self.chunk = ctas, chunk
         self.rows = -(-experts // ctas)  # experts per CTA
-        assert self.rows * chunk <= THREADS
+        # The warps' partial sums are [WARPS][tile_rows][chunk]: an MMA's rows pad the CTA's.
+        self.tile_rows = MMA_ROWS if mma else self.rows
+        assert self.tile_rows * chunk <= THREADS
+        assert not mma or (chunk % MMA_TOKENS == 0 and self.rows <= MMA_ROWS and width % 32 == 0)
 
     @cute.jit
     def mark(self, state: cute.Tensor, phase: cutlass.Constexpr[str], cta: Int32, tid: Int32):
@@ -116,47 +109,6 @@ class GateFront(MoeRoute):
                  state: cute.Tensor, timeout_ns: Int64, skip: Int32, stream):
         self.kernel(hidden, gate, bias, scale, weights, ids, logits, words, state, timeout_ns, skip).launch(
             grid=[self.ctas, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
-
-    @cute.jit
-    def stage_weights(self, gate: cute.Tensor, staged: cute.Tensor, cta: Int32, tid: Int32):
-        """Every weight row of this CTA's experts to shared memory at once (cp.async, one commit
-        group per column slice k, so slice k can be used while later ones land). Each thread
-        copies only the 16-byte vectors it reads itself, so waiting needs no CTA barrier."""
-        for k in cutlass.range_constexpr(self.per):
-            v = tid + THREADS * k
-            if v < self.vecs:
-                for r in cutlass.range_constexpr(self.rows):
-                    expert = min(cta * self.rows + r, self.experts - 1)  # a CTA's rows past E: discarded
-                    at = r * self.words + 4 * v
-                    copy_async16(Int32((staged.iterator + at).toint()),
-                                 Int64((gate.iterator + (Int64(expert) * self.words + 4 * v)).toint()), Int32(16))
-            cute.arch.cp_async_commit_group()
-
-    @cute.jit
-    def stage_bulk(self, gate: cute.Tensor, staged: cute.Tensor, landed: cute.Tensor, cta: Int32, tid: Int32):
-        """``stage_weights`` by bulk copies: slice k (the vectors THREADS * k onward of every row,
-        the ones thread tid reads at step k) lands on mbarrier k, copied a row at a time by one
-        lane of warp 0 each. Threads wait on it only after ``count_in``'s CTA barrier, which
-        follows the barriers' initialization."""
-        if tid == 0:
-            for k in cutlass.range_constexpr(self.per):
-                cute.arch.mbarrier_init(landed.iterator + k, 1)
-            cute.arch.mbarrier_init_fence()
-            for k in cutlass.range_constexpr(self.per):
-                vecs = min(THREADS, self.vecs - THREADS * k)
-                cute.arch.mbarrier_arrive_and_expect_tx(landed.iterator + k, self.rows * vecs * 16)
-        if tid < 32:
-            cute.arch.sync_warp()
-            for first in cutlass.range_constexpr(0, self.rows * self.per, 32):
-                c = tid + first
-                if c < self.rows * self.per:
-                    k, r = c // self.rows, c % self.rows
-                    expert = min(cta * self.rows + r, self.experts - 1)  # a CTA's rows past E: discarded
-                    at = r * self.words + 4 * THREADS * k
-                    vecs = min(Int32(THREADS), self.vecs - THREADS * k)
-                    copy_bulk(Int32((staged.iterator + at).toint()),
-                              Int64((gate.iterator + (Int64(expert) * self.words + 4 * THREADS * k)).toint()),
-                              vecs * 16, Int32((landed.iterator + k).toint()))
 
     @cute.jit
     def count_in(self, state: cute.Tensor, tid: Int32):
@@ -175,15 +127,13 @@ class GateFront(MoeRoute):
     def produce(self, hidden: cute.Tensor, gate: cute.Tensor, bias: cute.Tensor, logits: cute.Tensor,
                 staged: cute.Tensor, partial: cute.Tensor, landed: cute.Tensor, box: Mailbox, skip: Int32, cta: Int32,
                 tid: Int32):
-        """This CTA's experts' logits for every token, published to the mailbox. Thread tid owns
-        the 16-byte column vectors tid + THREADS * k (8 bf16 each) of every row: its weights come
-        from shared memory (``stage_weights``), its hidden vectors of ``chunk`` tokens straight
+        """This CTA's experts' logits for every token, published to the mailbox, ``chunk`` tokens
+        at a time: the weights come from shared memory (``stage``), the hidden vectors straight
         from global memory into registers, so each weight is read once from HBM and each hidden
-        word once per CTA. The CTA then sums the threads' parts (butterfly, then the warps in
-        order)."""
+        word once per CTA (``gemv_fma`` or ``gemv_mma``); the warps' sums are added in order."""
         warp, lane = tid // 32, tid % 32
         tokens = hidden.shape[0]
-        rows, chunk, per = self.rows, self.chunk, self.per
+        rows, chunk = self.rows, self.chunk
         if cutlass.const_expr(not self.pdl):  # a programmatic dependent has staged them before its wait
             self.stage(gate, staged, landed, cta, tid)
         # The bias of the expert whose records this thread publishes, read now: its round trip
@@ -192,56 +142,17 @@ class GateFront(MoeRoute):
         if tid < rows * chunk:
             mine = bias[min(cta * rows + tid // chunk, self.experts - 1)]
         for first in range(0, tokens, chunk):
-            xs = cute.make_rmem_tensor(chunk * per * 4, Uint32)  # (token, k, word)
-            for k in cutlass.range_constexpr(per):
-                v = tid + THREADS * k
-                for t in cutlass.range_constexpr(chunk):
-                    for w in cutlass.range_constexpr(4):
-                        xs[(t * per + k) * 4 + w] = Uint32(0)
-                    if (v < self.vecs) & (first + t < tokens):
-                        x = load_global16(Int64((hidden.iterator + (Int64(first + t) * self.words + 4 * v)).toint()))
-                        for w in cutlass.range_constexpr(4):
-                            xs[(t * per + k) * 4 + w] = x[w]
-            if first == 0:
-                self.count_in(box.state, tid)
-            acc = cute.make_rmem_tensor(rows * chunk, Float32)
-            for q in cutlass.range_constexpr(rows * chunk):
-                acc[q] = Float32(0.0)
-            for k in cutlass.range_constexpr(per):
-                v = tid + THREADS * k
-                if cutlass.const_expr(self.bulk):  # slice k has landed (at once after chunk 0)
-                    cute.arch.mbarrier_wait(landed.iterator + k, 0)
-                else:
-                    cute.arch.cp_async_wait_group(per - 1 - k)
-                if cutlass.const_expr(self.profile and k == per - 1):
-                    if first == 0:
-                        self.mark(box.state, "weights in", cta, tid)
-                if v < self.vecs:
-                    xf = cute.make_rmem_tensor(chunk * 8, Float32)
-                    for t in cutlass.range_constexpr(chunk):
-                        for w in cutlass.range_constexpr(4):
-                            xf[t * 8 + 2 * w], xf[t * 8 + 2 * w + 1] = bf16_pair(xs[(t * per + k) * 4 + w])
-                    for r in cutlass.range_constexpr(rows):
-                        g = load_shared16(Int32((staged.iterator + (r * self.words + 4 * v)).toint()))
-                        for w in cutlass.range_constexpr(4):
-                            g0, g1 = bf16_pair(g[w])
-                            for t in cutlass.range_constexpr(chunk):
-                                # bf16 products are exact in fp32: FMA or not, one rounding per add
-                                acc[r * chunk + t] = g0 * xf[t * 8 + 2 * w] + acc[r * chunk + t]
-                                acc[r * chunk + t] = g1 * xf[t * 8 + 2 * w + 1] + acc[r * chunk + t]
-            self.mark(box.state, "GEMV", cta, tid)
-            cute.arch.sync_threads()  # the previous chunk's partials are read
-            for q in cutlass.range_constexpr(rows * chunk):
-                total = warp_sum(acc[q])
-                if lane == 0:
-                    partial[warp * rows * chunk + q] = total
+            if cutlass.const_expr(self.mma):
+                self.gemv_mma(hidden, staged, partial, landed, box.state, first, cta, tid, warp, lane)
+            else:
+                self.gemv_fma(hidden, staged, partial, landed, box.state, first, cta, tid, warp, lane)
             cute.arch.sync_threads()
             if tid < rows * chunk:
                 r, t = tid // chunk, first + tid % chunk
                 expert = cta * rows + r
                 logit = partial[tid]
                 for w in cutlass.range_constexpr(1, WARPS):
-                    logit = logit + partial[w * rows * chunk + tid]
+                    logit = logit + partial[w * self.tile_rows * chunk + tid]
                 if (t < tokens) & (expert < self.experts):
                     logits[t, expert] = logit
                     if expert != skip:  # tests: a record never published
@@ -291,19 +202,12 @@ class GateFront(MoeRoute):
                 if cutlass.const_expr(self.groups > 1):
                     value[expert] = key
 
-    @cute.jit
-    def stage(self, gate: cute.Tensor, staged: cute.Tensor, landed: cute.Tensor, cta: Int32, tid: Int32):
-        if cutlass.const_expr(self.bulk):
-            self.stage_bulk(gate, staged, landed, cta, tid)
-        else:
-            self.stage_weights(gate, staged, cta, tid)
-
     def shared(self):
         """The shared memory allocator, the CTA's weight rows, the warps' partial sums and the
         slices' mbarriers (the routing allocates after them)."""
         smem = cutlass.memory.SmemAllocator()
         staged = smem.allocate_tensor(Uint32, cute.make_layout(self.rows * self.words), 16)
-        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.rows * self.chunk), 16)
+        partial = smem.allocate_tensor(Float32, cute.make_layout(WARPS * self.tile_rows * self.chunk), 16)
         landed = partial  # not read without bulk copies (whose builds allocate it)
         if cutlass.const_expr(self.bulk):
             landed = smem.allocate_tensor(Int64, cute.make_layout(self.per), 8)
@@ -335,21 +239,22 @@ class GateFront(MoeRoute):
 def catalog(target: Target) -> list[tuple]:
     """The front of each model we serve whose weight rows fit a launch's shared memory, at every
     chunk of tokens (``chunk_for``), on a GPU of ``target.sms`` SMs; a programmatic dependent
-    where ``pdl.enabled(pdl.FRONT)`` says so, staging by bulk copies where ``BULK`` does."""
+    where ``pdl.enabled(pdl.FRONT)`` says so, staging by bulk copies where ``BULK`` does, on the
+    tensor cores where ``MMA`` does."""
     configs, dependent = [], pdl.enabled(pdl.FRONT)
     for model in target.models:
         ctas = ctas_for(model.experts, target.sms)
         groups, kept = model.grouping
-        if fits(model.experts, model.hidden, ctas, CHUNK):  # as the op asks (moe_gate_route's uses_front)
-            for chunk in sorted({chunk_for(tokens) for tokens in range(1, MAX_TOKENS + 1)}):
+        if fits(model.experts, model.hidden, ctas, MMA):  # as the op asks (moe_gate_route's uses_front)
+            for chunk in sorted({chunk_for(tokens, MMA) for tokens in range(1, MAX_TOKENS + 1)}):
                 configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk,
-                                dependent, BULK))
+                                dependent, BULK, MMA))
     return configs
 
 
 @cached_kernel("moe_gate_route", catalog)
 def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int, topk_group: int, ctas: int,
-             chunk: int, pdl: bool = False, bulk: bool = False, profile: bool = False):
+             chunk: int, pdl: bool = False, bulk: bool = False, mma: bool = False, profile: bool = False):
     """The front at one static configuration, from fake tensors (no GPU needed). ``hidden`` and
     ``gate`` are passed as int32 words (two bf16 each); a ``profile`` build's state has its phase
     stamps after the four words."""
@@ -362,13 +267,16 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
     logits = fake_tensor(Float32, (tokens, experts), (experts, 1))
     words = fake_tensor(Int64, (2 * MAX_TOKENS * experts,), (1,), 8)
     state = fake_tensor(Int64, (4 + (ctas * len(PHASES) if profile else 0),), (1,), 8)
-    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, bulk, profile)
+    front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, bulk, mma, profile)
     return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
                         Int32(-1), fake_stream(), options="--enable-tvm-ffi")
 
 
-def chunk_for(tokens: int) -> int:
-    """Tokens per chunk: the batch's power of two up to CHUNK (FMAs scale with it)."""
+def chunk_for(tokens: int, mma: bool = False) -> int:
+    """Tokens per chunk: the batch's power of two up to CHUNK (FMAs scale with it); on the tensor
+    cores, the batch in MMAs of MMA_TOKENS columns (at most MAX_TOKENS)."""
+    if mma:
+        return MMA_TOKENS * -(-min(tokens, MAX_TOKENS) // MMA_TOKENS)
     return min(CHUNK, 1 << max(tokens - 1, 0).bit_length())
 
 
@@ -376,17 +284,23 @@ SMEM_LIMIT = 227 * 1024  # shared memory a launch may use (one CTA per SM on SM9
 ROUTING_SMEM = MoeRoute.SMEM_BYTES  # the routing's arrays after the front's own
 
 
-def smem_bytes(experts: int, width: int, ctas: int, chunk: int) -> int:
+def smem_bytes(experts: int, width: int, ctas: int, chunk: int, mma: bool = False) -> int:
     """Shared memory of a launch: the CTA's weight rows, the warps' partial sums, the slices'
     mbarriers, the routing."""
     rows = -(-experts // ctas)
-    return rows * width * 2 + WARPS * rows * chunk * 4 + 8 * -(-width // (8 * THREADS)) + ROUTING_SMEM
+    tile_rows = MMA_ROWS if mma else rows
+    return rows * width * 2 + WARPS * tile_rows * chunk * 4 + 8 * -(-width // (8 * THREADS)) + ROUTING_SMEM
 
 
-def fits(experts: int, width: int, ctas: int, chunk: int) -> bool:
-    """Whether a launch can take the batch's shapes: rows read as 16-byte vectors, at most
+def fits(experts: int, width: int, ctas: int, mma: bool = False) -> bool:
+    """Whether a launch can take the batch's shapes, at its largest chunk: rows read as 16-byte
+    vectors (32-column blocks on the tensor cores, whose rows hold a CTA's experts), at most
     MAX_WIDTH wide, and the CTA's weight rows in shared memory."""
-    return width % 8 == 0 and width <= MAX_WIDTH and smem_bytes(experts, width, ctas, chunk) <= SMEM_LIMIT
+    rows = -(-experts // ctas)
+    if mma and (width % 32 or rows > MMA_ROWS):
+        return False
+    chunk = chunk_for(MAX_TOKENS, mma) if mma else CHUNK
+    return width % 8 == 0 and width <= MAX_WIDTH and smem_bytes(experts, width, ctas, chunk, mma) <= SMEM_LIMIT
 
 
 def ctas_for(experts: int, sms: int) -> int:

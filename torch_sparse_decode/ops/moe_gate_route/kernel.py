@@ -63,7 +63,7 @@ def uses_front(hidden: torch.Tensor, gate_weight: torch.Tensor) -> bool:
     it can read as 16-byte vectors, and the CTA's weight rows in shared memory (host metadata)."""
     (tokens, width), experts = hidden.shape, gate_weight.shape[0]
     ctas = front.ctas_for(experts, sm_count(hidden.device))
-    return (0 < tokens <= min(FRONT_TOKENS, front.MAX_TOKENS, ctas) and front.fits(experts, width, ctas, front.CHUNK)
+    return (0 < tokens <= min(FRONT_TOKENS, front.MAX_TOKENS, ctas) and front.fits(experts, width, ctas, front.MMA)
             and hidden.data_ptr() % 16 == 0 and gate_weight.data_ptr() % 16 == 0)
 
 
@@ -79,8 +79,8 @@ def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expe
     if uses_front(hidden, gate_weight):
         box = workspace(front.workspace, hidden.device, experts)
         ctas = front.ctas_for(experts, sm_count(hidden.device))
-        build = front.compiled(experts, width, topk, renormalize, groups, kept, ctas, front.chunk_for(tokens),
-                               pdl.enabled(pdl.FRONT), front.BULK)
+        build = front.compiled(experts, width, topk, renormalize, groups, kept, ctas,
+                               front.chunk_for(tokens, front.MMA), pdl.enabled(pdl.FRONT), front.BULK, front.MMA)
         build(hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
             box.words, box.state, timeout_ns, skip)
         return
