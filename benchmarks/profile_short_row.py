@@ -195,8 +195,7 @@ def phases(results: str | None) -> None:
             if width > threads * short_digits.PER:
                 continue
             lean = short_row.lean_for(threads)  # the shipped build of this width, as launch.select asks
-            profiled = short_row.build(short_row.ShortRowTopk(torch.float32, threads=threads, profile=True,
-                                                              one_barrier=lean, ties_taken=lean), torch.float32)
+            profiled = short_row.compiled(torch.float32, False, threads, False, False, lean, profile=True)
             plain = short_row.compiled(torch.float32, False, threads, False, False, lean)
             for kind in ("randn", "ties"):
                 sets = rotation(inputs(kind, rows, width), rows * width * 4)

@@ -296,10 +296,12 @@ def catalog(target) -> list[tuple]:
 
 @cached_kernel("topk_short_row", catalog)
 def compiled(source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-             fused: bool = False, lean: bool = False):
+             fused: bool = False, lean: bool = False, profile: bool = False):
     """The short-row select for one source (a score dtype, or int32 block keys) in CTAs of
-    ``threads``, lean or not (``LEAN``), from fake tensors (no GPU needed)."""
-    return build(ShortRowTopk(source, pdl, threads, ord16, fused, one_barrier=lean, ties_taken=lean), source)
+    ``threads``, lean or not (``LEAN``), from fake tensors (no GPU needed); ``profile``: with
+    phase marks (``ShortRowTopk``; benchmarks/profile_short_row.py --phases)."""
+    return build(ShortRowTopk(source, pdl, threads, ord16, fused, profile=profile, one_barrier=lean, ties_taken=lean),
+                 source)
 
 
 def build(topk: ShortRowTopk, source: torch.dtype):
