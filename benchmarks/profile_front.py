@@ -34,8 +34,9 @@ def stamps(experts: int, topk: int, groups: int, kept: int, tokens: int) -> torc
     gate = (torch.randn(experts, WIDTH, device="cuda", generator=gen) * WIDTH ** -0.5).bfloat16()
     bias = 0.05 * torch.randn(experts, device="cuda", generator=gen)
     ctas = front.ctas_for(experts, sm_count(hidden.device))
-    fn = front.compiled(experts, WIDTH, topk, True, groups, kept, ctas, front.chunk_for(tokens, front.MMA),
-                        bulk=front.BULK, mma=front.MMA, profile=True)
+    bulk, mma = front.switches()
+    fn = front.compiled(experts, WIDTH, topk, True, groups, kept, ctas, front.chunk_for(tokens, mma), bulk=bulk,
+                        mma=mma, profile=True)
     box = front.workspace(hidden.device, experts)
     state = torch.zeros(4 + ctas * len(front.PHASES), dtype=torch.int64, device="cuda")
     weights = torch.empty(tokens, topk, device="cuda")

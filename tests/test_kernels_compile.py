@@ -342,6 +342,23 @@ def test_router_front_shared_memory_fits_sm90():
     assert front.smem_bytes(1024, 8192, front.ctas_for(1024, 40), front.CHUNK) > front.SMEM_LIMIT
 
 
+def test_router_front_switches_ask_for_one_build(monkeypatch):
+    """An MMA build always stages by bulk copies: with both switches on, the catalog and the op ask
+    for the MMA builds alone, keyed as with MMA alone (no second copy of each)."""
+    from torch_sparse_decode.kernels.compile import MODELS, Target
+    from torch_sparse_decode.ops.moe_gate_route import front
+
+    target = Target("sm_90a", 132, MODELS)
+    seen = {}
+    for bulk, mma in ((False, False), (True, False), (False, True), (True, True)):
+        monkeypatch.setattr(front, "BULK", bulk)
+        monkeypatch.setattr(front, "MMA", mma)
+        assert front.switches() == (bulk and not mma, mma)
+        seen[bulk, mma] = front.compiled.catalog(target)
+        assert {c[9:11] for c in seen[bulk, mma]} == {front.switches()}
+    assert seen[True, True] == seen[False, True] != seen[True, False]
+
+
 def test_router_front_profile_build_compiles():
     """benchmarks/profile_front.py's build: the phase stamps after the state words."""
     from torch_sparse_decode.ops.moe_gate_route import front

@@ -248,7 +248,7 @@ def catalog(target: Target) -> list[tuple]:
         if fits(model.experts, model.hidden, ctas, MMA):  # as the op asks (moe_gate_route's uses_front)
             for chunk in sorted({chunk_for(tokens, MMA) for tokens in range(1, MAX_TOKENS + 1)}):
                 configs.append((model.experts, model.hidden, model.topk, model.renormalize, groups, kept, ctas, chunk,
-                                dependent, BULK, MMA))
+                                dependent, *switches()))
     return configs
 
 
@@ -270,6 +270,12 @@ def compiled(experts: int, width: int, topk: int, renormalize: bool, groups: int
     front = GateFront(experts, width, topk, renormalize, groups, topk_group, ctas, chunk, pdl, bulk, mma, profile)
     return cute.compile(front, hidden, gate, bias, Float32(1.0), weights, ids, logits, words, state, Int64(1),
                         Int32(-1), fake_stream(), options="--enable-tvm-ffi")
+
+
+def switches() -> tuple[bool, bool]:
+    """(bulk, mma) as a launch asks for them now (``BULK``, ``MMA``): an MMA build always stages by
+    bulk copies, so it is asked for with bulk False, one build whichever switches are on."""
+    return BULK and not MMA, MMA
 
 
 def chunk_for(tokens: int, mma: bool = False) -> int:
@@ -299,7 +305,7 @@ def fits(experts: int, width: int, ctas: int, mma: bool = False) -> bool:
     rows = -(-experts // ctas)
     if mma and (width % 32 or rows > MMA_ROWS):
         return False
-    chunk = chunk_for(MAX_TOKENS, mma) if mma else CHUNK
+    chunk = chunk_for(MAX_TOKENS, mma)
     return width % 8 == 0 and width <= MAX_WIDTH and smem_bytes(experts, width, ctas, chunk, mma) <= SMEM_LIMIT
 
 

@@ -80,7 +80,7 @@ def moe_gate_route(hidden, gate_weight, bias, topk, renormalize, scale, num_expe
         box = workspace(front.workspace, hidden.device, experts)
         ctas = front.ctas_for(experts, sm_count(hidden.device))
         build = front.compiled(experts, width, topk, renormalize, groups, kept, ctas,
-                               front.chunk_for(tokens, front.MMA), pdl.enabled(pdl.FRONT), front.BULK, front.MMA)
+                               front.chunk_for(tokens, front.MMA), pdl.enabled(pdl.FRONT), *front.switches())
         build(hidden.view(torch.int32), gate_weight.view(torch.int32), bias, scale, weights, ids, router_logits,
             box.words, box.state, timeout_ns, skip)
         return
