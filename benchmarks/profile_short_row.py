@@ -1,7 +1,7 @@
 """Where the short-row path's time goes (kernels/topk/short_row.py): builds of it with phases cut
 out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong ids: timing only).
 
-    python benchmarks/profile_short_row.py [--quick] [--check CASES] [--results FILE]
+    python benchmarks/profile_short_row.py [--quick] [--check CASES] [--cuts "NAME;NAME"] [--results FILE]
     python benchmarks/profile_short_row.py --phases [--results FILE]
 
 ``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K; lean
@@ -14,7 +14,9 @@ Cuts: launch only (the same CTA and shared memory, reading the row's length), re
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
 no one-warp rank of the last bin), no count (the digit rounds' atomics), no scan (the one-warp
 scans), one digit round, no rounds (launch, the reads of the row and its length, and the
-output's ballots writing the first k ids).
+output's ballots writing the first k ids). The same cuts of the shipped 8K build (512 threads,
+lean): "512 lean, launch only", "read only", "one round", "no rounds". ``--cuts`` times only the
+builds named (separated by ";") beside the whole kernel.
 
 Candidates (exact: their ids are checked against the whole kernel's before they are timed; one
 that differs reads "wrong" and is not timed):
@@ -161,7 +163,12 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "one-barrier rounds": with_threads(short_row.ShortRowTopk, short_row.THREADS, one_barrier=True),
         "512, one-barrier rounds": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True),
         "512, lean": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True),
-        "lean": with_threads(short_row.ShortRowTopk, short_row.THREADS, one_barrier=True, ties_taken=True)}
+        "lean": with_threads(short_row.ShortRowTopk, short_row.THREADS, one_barrier=True, ties_taken=True),
+        # the shipped 8K build's (512 threads, lean) frame: what its select and write add to the read
+        "512 lean, launch only": with_threads(LaunchOnly, short_row.HALF, one_barrier=True, ties_taken=True),
+        "512 lean, read only": with_threads(ReadOnly, short_row.HALF, one_barrier=True, ties_taken=True),
+        "512 lean, one round": with_threads(variant(1), short_row.HALF, one_barrier=True, ties_taken=True),
+        "512 lean, no rounds": with_threads(variant(0), short_row.HALF, one_barrier=True, ties_taken=True)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
          "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean")
@@ -222,7 +229,7 @@ def phases(results: str | None) -> None:
     spans.emit(results)
 
 
-def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
+def check(cases: int, made: dict, kernels: dict, exact: list, device: str = "cuda") -> set:
     """``--check``: each candidate's ids against the whole kernel's on ``cases`` seeded batches of
     tests/inputs.py's kinds (ties, NaN, +-inf, -0.0, plateaus), widths of 1-16K, k of 1-4096,
     lengths at k - 1, k, k + 1, 0 and the width, windows half the time; the candidates that
@@ -235,7 +242,7 @@ def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
     def pick(options):
         return options[int(torch.randint(len(options), (1,), generator=gen))]
 
-    differed = {name: 0 for name in EXACT}
+    differed = {name: 0 for name in exact}
     for case in range(cases):
         rows, width = pick((1, 3, 8, 64, 200)), pick((1, 2, 31, 1000, 2049, 4096, 5000, 8191, 8192, 12000, 16384))
         k = pick((1, 2, 7, 64, 512, 2048, 4096, max(width - 1, 1), width, width + 1))
@@ -246,13 +253,13 @@ def check(cases: int, made: dict, kernels: dict, device: str = "cuda") -> set:
         starts = (torch.rand(rows, generator=gen) * lengths).int().to(device) if windowed else lengths.to(device)
         lengths = lengths.to(device)
         outs = {}
-        for name in ("whole", *EXACT):
+        for name in ("whole", *exact):
             f = kernels[name]
             if width <= made[name].threads * short_digits.PER:
                 out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
                 f(src, lengths, starts, windowed, width, 1, k, out, out, out, 0, src, 0)
                 outs[name] = out
-        for name in EXACT:
+        for name in exact:
             if name in outs and not torch.equal(outs[name], outs["whole"]):
                 differed[name] += 1
                 print(f"{name}: differs at case {case} ({rows}x{width}, k={k})", flush=True)
@@ -266,13 +273,20 @@ def main() -> None:
     cli.add_argument("--check", type=int, default=0, metavar="CASES",
                      help="first the candidates' ids against the whole kernel's on CASES seeded batches (those "
                           "that differ are not timed; exit 1)")
+    cli.add_argument("--cuts", default="", metavar="NAMES",
+                     help="only these builds (names of CUTS, separated by ;) beside the whole kernel")
     args = cli.parse_args()
     if args.phases:
         return phases(args.results)
-    table = Table(f"short-row path with phases cut out (us), k={K}, fp32", ["shape", "rows", *CUTS])
-    made = {name: cls(torch.float32) for name, cls in CUTS.items()}
+    chosen = {"whole", *args.cuts.split(";")} if args.cuts else set(CUTS)
+    if chosen - set(CUTS):
+        cli.error(f"--cuts: no such build: {', '.join(sorted(chosen - set(CUTS)))}")
+    cuts = {name: cls for name, cls in CUTS.items() if name in chosen}
+    table = Table(f"short-row path with phases cut out (us), k={K}, fp32", ["shape", "rows", *cuts])
+    made = {name: cls(torch.float32) for name, cls in cuts.items()}
     kernels = {name: short_row.build(topk, torch.float32) for name, topk in made.items()}
-    failed = check(args.check, made, kernels) if args.check else set()
+    exact = [name for name in EXACT if name in made]
+    failed = check(args.check, made, kernels, exact) if args.check else set()
     for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (8, 16 << 10)]):
         for kind in ("randn", "ties"):
             sets = rotation(inputs(kind, rows, width), rows * width * 4)
@@ -282,11 +296,11 @@ def main() -> None:
                 x, n = sets[i % len(sets)]
                 f(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
 
-            fits = {name: width <= made[name].threads * short_digits.PER for name in CUTS}
+            fits = {name: width <= made[name].threads * short_digits.PER for name in made}
             call(kernels["whole"], 0)
             want = out.clone()
             wrong = set(failed)  # candidates whose ids differ from the whole kernel's: not timed
-            for name in EXACT:
+            for name in exact:
                 if fits[name]:
                     out.fill_(-7)
                     call(kernels[name], 0)

@@ -81,9 +81,9 @@ def test_profile_short_row_check_names_a_candidate_that_differs():
     names = ("whole", *profile_short_row.EXACT)
     made = {name: SimpleNamespace(threads=1024 if name == "whole" else 512) for name in names}
     kernels = {name: off_by_one if name == "512, lean" else ids for name in names}
-    assert profile_short_row.check(12, made, kernels, device="cpu") == {"512, lean"}
+    assert profile_short_row.check(12, made, kernels, list(profile_short_row.EXACT), device="cpu") == {"512, lean"}
     kernels["512, lean"] = ids
-    assert profile_short_row.check(12, made, kernels, device="cpu") == set()
+    assert profile_short_row.check(12, made, kernels, list(profile_short_row.EXACT), device="cpu") == set()
 
 
 def test_profiled_short_row_builds_compile():
