@@ -104,7 +104,7 @@ class ReadOnly(short_row.ShortRowTopk):
         run = (span + self.threads - 1) // self.threads
         lo = warp * 32 * run + lane
         seen = Uint32(0)
-        for i in cutlass.range_constexpr(short_digits.PER):
+        for i in cutlass.range_constexpr(self.per):
             x = src[row, min(lo + 32 * i, span - 1)]
             seen = seen ^ cutlass.select_(run > i, short_row.source_key(x, self.source, False), Uint32(0))
         if (seen == Uint32(0x12345)) & (lengths[row] == Int32(-12345)):  # never: keeps the reads
@@ -115,7 +115,7 @@ class BranchFreeCount(short_row.ShortRowTopk):
     @cute.jit
     def count(self, keys, run, t, p: cutlass.Constexpr[int], shift: cutlass.Constexpr[int], hist, tid):
         lane = tid % 32
-        for i in cutlass.range_constexpr(short_digits.PER):
+        for i in cutlass.range_constexpr(self.per):
             if run > i:
                 key = keys[i]
                 live = key != Uint32(0)
@@ -126,15 +126,17 @@ class BranchFreeCount(short_row.ShortRowTopk):
                 cute.arch.atomic_add(hist.iterator + (b * 32 + lane), cutlass.select_(live, Int32(1), Int32(0)))
 
 
-def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False):
-    """``cls`` in CTAs of ``threads`` (rows of at most threads * PER keys), a programmatic dependent if ``pdl``,
-    with the lean builds' ``one_barrier`` rounds and ``ties_taken`` write (``short_row.LEAN``) as asked."""
+def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False,
+                 per: int = short_digits.PER):
+    """``cls`` in CTAs of ``threads`` holding ``per`` keys a thread (rows of at most threads * per keys), a
+    programmatic dependent if ``pdl``, with the lean builds' ``one_barrier`` rounds and ``ties_taken`` write
+    (``short_row.LEAN``) as asked."""
 
     class Sized(cls):
         def __init__(self, source):
             super().__init__(source)
             self.threads, self.warps, self.parts = threads, threads // 32, max(1, threads // short_digits.BINS)
-            self.pdl, self.one_barrier, self.ties_taken = pdl, one_barrier, ties_taken
+            self.pdl, self.one_barrier, self.ties_taken, self.per = pdl, one_barrier, ties_taken, per
 
     return Sized
 
@@ -168,10 +170,14 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "512 lean, launch only": with_threads(LaunchOnly, short_row.HALF, one_barrier=True, ties_taken=True),
         "512 lean, read only": with_threads(ReadOnly, short_row.HALF, one_barrier=True, ties_taken=True),
         "512 lean, one round": with_threads(variant(1), short_row.HALF, one_barrier=True, ties_taken=True),
-        "512 lean, no rounds": with_threads(variant(0), short_row.HALF, one_barrier=True, ties_taken=True)}
+        "512 lean, no rounds": with_threads(variant(0), short_row.HALF, one_barrier=True, ties_taken=True),
+        # fewer warps a row, more keys a thread: each warp's share of the rounds' scans, the rank and the
+        # barriers is paid by fewer warps (the 8K build is bound by its SM's issue: 256 x 8K takes 1.6x 1 x 8K)
+        "256 x 32 lean": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=32),
+        "128 x 64 lean": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, per=64)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
-         "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean")
+         "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -255,7 +261,7 @@ def check(cases: int, made: dict, kernels: dict, exact: list, device: str = "cud
         outs = {}
         for name in ("whole", *exact):
             f = kernels[name]
-            if width <= made[name].threads * short_digits.PER:
+            if width <= made[name].threads * made[name].per:
                 out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
                 f(src, lengths, starts, windowed, width, 1, k, out, out, out, 0, src, 0)
                 outs[name] = out
@@ -296,7 +302,7 @@ def main() -> None:
                 x, n = sets[i % len(sets)]
                 f(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
 
-            fits = {name: width <= made[name].threads * short_digits.PER for name in made}
+            fits = {name: width <= made[name].threads * made[name].per for name in made}
             call(kernels["whole"], 0)
             want = out.clone()
             wrong = set(failed)  # candidates whose ids differ from the whole kernel's: not timed

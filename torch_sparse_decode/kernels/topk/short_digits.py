@@ -1,6 +1,6 @@
 """The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
 of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``,
-``profile``, ``one_barrier``).
+``per``, ``profile``, ``one_barrier``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
   that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
@@ -27,7 +27,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
-from ..cute import popc, scan_from_top, stamp, warp_inclusive
+from ..cute import popc, scan_from_top, stamp, warp_inclusive, zero_fill
 
 PER = 16  # keys a thread holds at most
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
@@ -125,8 +125,11 @@ class ShortDigits:
         above = cute.arch.shuffle_sync(above, first)
         in_bin = cute.arch.shuffle_sync(in_bin, first)
         later = ((p + 2) % 3) * BINS  # read last in the round before this one's barrier
-        if tid < BINS:
-            hist[later + tid] = Int32(0)
+        if cutlass.const_expr(self.threads >= BINS):
+            if tid < BINS:
+                hist[later + tid] = Int32(0)
+        else:
+            zero_fill(cute.make_tensor(hist.iterator + later, cute.make_layout(BINS)), BINS, tid, self.threads)
         return t | (Uint32(digit) << Uint32(shift)), need - above, in_bin
 
     @cute.jit
@@ -154,7 +157,7 @@ class ShortDigits:
             m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
         lane, warp = tid % 32, tid // 32
         if m <= TAIL:
-            for i in cutlass.range_constexpr(PER):
+            for i in cutlass.range_constexpr(self.per):
                 if run > i:
                     key = keys[i]
                     if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
@@ -162,7 +165,7 @@ class ShortDigits:
         else:
             high = Uint32(0)
             low = Uint32(0xFFFFFFFF)
-            for i in cutlass.range_constexpr(PER):
+            for i in cutlass.range_constexpr(self.per):
                 if run > i:
                     key = keys[i]
                     if (key != Uint32(0)) & ((key >> Uint32(shift)) == (t >> Uint32(shift))):
@@ -247,7 +250,7 @@ class ShortDigits:
         banks, timed the same as these: 10.7 us.) Keys past the run are skipped by a branch the
         whole CTA takes alike. one_barrier: to the CTA's one histogram at ``base``, bin-indexed."""
         lane = tid % 32
-        for i in cutlass.range_constexpr(PER):
+        for i in cutlass.range_constexpr(self.per):
             if run > i:
                 key = keys[i]
                 live = key != Uint32(0)

@@ -85,10 +85,12 @@ class ShortRowTopk(ShortDigits):
     dependent of the kernel before (``kernels/pdl.py``); ``profile``: a row of more than k keys
     writes its phases' clocks after its k ids (``write_marks``; benchmarks/profile_short_row.py);
     ``one_barrier``: digit rounds of one barrier (``short_digits``); ``ties_taken``: where the CTA
-    keeps every key equal to t, one ballot a key places the keys >= t (``write_kept``)."""
+    keeps every key equal to t, one ballot a key places the keys >= t (``write_kept``); ``per``: the
+    keys a thread holds at most (rows of at most threads * per keys)."""
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-                 fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False):
+                 fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False,
+                 per: int = PER):
         self.source = cute_type(source)
         self.pinned = source is BLOCK_KEYS
         self.ord16 = ord16
@@ -99,7 +101,9 @@ class ShortRowTopk(ShortDigits):
         self.pdl = pdl
         self.threads = threads
         self.warps = threads // 32
-        self.parts = threads // BINS  # the copies are summed in parts groups of 32 // parts
+        self.parts = max(1, threads // BINS)  # the copies are summed in parts groups of 32 // parts
+        self.per = per
+        assert one_barrier or threads >= BINS, "the plain rounds sum the histogram's copies over BINS threads at least"
         self.profile = profile
         self.one_barrier = one_barrier
         self.ties_taken = ties_taken
@@ -134,14 +138,14 @@ class ShortRowTopk(ShortDigits):
         span = min(cols, src.shape[1])  # key columns: block keys hold one a block of columns
         if cutlass.const_expr(self.pinned):
             span = min((cols + block - 1) // block, src.shape[1])
-        run = (span + self.threads - 1) // self.threads  # <= PER
+        run = (span + self.threads - 1) // self.threads  # <= per
         lo = warp * 32 * run + lane
-        keys = cute.make_rmem_tensor(PER, Uint32)
-        for i in cutlass.range_constexpr(PER):
+        keys = cute.make_rmem_tensor(self.per, Uint32)
+        for i in cutlass.range_constexpr(self.per):
             keys[i] = Uint32(0)
         if cutlass.const_expr(not self.pinned):  # read before the row's length is known: the loads overlap
             if span > 0:
-                for i in cutlass.range_constexpr(PER):  # every load in flight before the first use
+                for i in cutlass.range_constexpr(self.per):  # every load in flight before the first use
                     x = src[row, min(lo + 32 * i, span - 1)]
                     keys[i] = cutlass.select_(run > i, source_key(x, self.source, self.ord16), Uint32(0))
         end = max(min(lengths[row], cols), Int32(0))
@@ -168,12 +172,12 @@ class ShortRowTopk(ShortDigits):
                      self.fused, self.pinned)
         else:
             if cutlass.const_expr(self.pinned):  # only the valid blocks' keys were written: read no further
-                for i in cutlass.range_constexpr(PER):
+                for i in cutlass.range_constexpr(self.per):
                     x = src[row, min(lo + 32 * i, n - 1)]
                     keys[i] = cutlass.select_((run > i) & (lo + 32 * i < n), source_key(x, self.source, False),
                                               Uint32(0))
             else:
-                for i in cutlass.range_constexpr(PER):
+                for i in cutlass.range_constexpr(self.per):
                     inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
                     keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
             zero_fill(hist, HIST, tid, self.threads)
@@ -203,7 +207,7 @@ class ShortRowTopk(ShortDigits):
         lane, warp = tid % 32, tid // 32
         below = Uint32(cute.arch.lanemask_lt())
         counts = Int32(0)  # keys > t (low 16 bits) and == t (high): the CTA's sums are < 2**16
-        for i in cutlass.range_constexpr(PER):
+        for i in cutlass.range_constexpr(self.per):
             if run > i:
                 counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
         if lane == 0:
@@ -232,7 +236,7 @@ class ShortRowTopk(ShortDigits):
                        ids: cute.Tensor, staged: cute.Tensor, width: Int32):
         """Every key >= t at its place (the CTA keeps every key equal to t): one ballot a key, the
         row's ids addressed from its base."""
-        for i in cutlass.range_constexpr(PER):
+        for i in cutlass.range_constexpr(self.per):
             if run > i:
                 kept = keys[i] >= t
                 votes = ballot_of(kept)
@@ -249,7 +253,7 @@ class ShortRowTopk(ShortDigits):
                      below: Uint32, kept_before: Int32, tied_before: Int32, out: cute.Tensor, staged: cute.Tensor,
                      width: Int32):
         """Keys > t and the first ``take`` keys == t at their places: two ballots a key."""
-        for i in cutlass.range_constexpr(PER):
+        for i in cutlass.range_constexpr(self.per):
             if run > i:
                 above = keys[i] > t
                 at_t = keys[i] == t
