@@ -127,16 +127,16 @@ class BranchFreeCount(short_row.ShortRowTopk):
 
 
 def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False,
-                 per: int = short_digits.PER):
+                 per: int = short_digits.PER, trim: bool = False):
     """``cls`` in CTAs of ``threads`` holding ``per`` keys a thread (rows of at most threads * per keys), a
     programmatic dependent if ``pdl``, with the lean builds' ``one_barrier`` rounds and ``ties_taken`` write
-    (``short_row.LEAN``) as asked."""
+    (``short_row.LEAN``) and their ``trim`` (``short_row.TRIM``) as asked."""
 
     class Sized(cls):
         def __init__(self, source):
             super().__init__(source)
             self.threads, self.warps, self.parts = threads, threads // 32, max(1, threads // short_digits.BINS)
-            self.pdl, self.one_barrier, self.ties_taken, self.per = pdl, one_barrier, ties_taken, per
+            self.pdl, self.one_barrier, self.ties_taken, self.per, self.trim = pdl, one_barrier, ties_taken, per, trim
 
     return Sized
 
@@ -174,10 +174,14 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         # fewer warps a row, more keys a thread: each warp's share of the rounds' scans, the rank and the
         # barriers is paid by fewer warps (the 8K build is bound by its SM's issue: 256 x 8K takes 1.6x 1 x 8K)
         "256 x 32 lean": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=32),
-        "128 x 64 lean": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, per=64)}
+        "128 x 64 lean": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, per=64),
+        "512, trim": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True, trim=True),
+        "256 x 32 trim": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=32,
+                                      trim=True)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
-         "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean")
+         "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean",
+         "512, trim", "256 x 32 trim")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -207,9 +211,9 @@ def phases(results: str | None) -> None:
         for threads in sorted({short_row.threads_for(width), short_row.THREADS}):
             if width > threads * short_digits.PER:
                 continue
-            lean = short_row.lean_for(threads)  # the shipped build of this width, as launch.select asks
-            profiled = short_row.compiled(torch.float32, False, threads, False, False, lean, profile=True)
-            plain = short_row.compiled(torch.float32, False, threads, False, False, lean)
+            build = (short_row.lean_for(threads), short_row.trim_for(threads))  # as launch.select asks
+            profiled = short_row.compiled(torch.float32, False, threads, False, False, *build, profile=True)
+            plain = short_row.compiled(torch.float32, False, threads, False, False, *build)
             for kind in ("randn", "ties"):
                 sets = rotation(inputs(kind, rows, width), rows * width * 4)
                 out = torch.full((rows, K + 1 + len(names) + 2), -7, dtype=torch.int32, device="cuda")

@@ -465,7 +465,8 @@ def opt_in_switches():
     from torch_sparse_decode.ops.moe_route import warps
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-            (tsd_short_row(), "LEAN", "short_lean"), (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
+            (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
+            (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
             (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 
 

@@ -22,12 +22,13 @@ from torch_sparse_decode.kernels.topk import launch, short_row
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 
-@pytest.fixture(params=[False, True], ids=["plain", "lean"])
+@pytest.fixture(params=[(False, False), (True, False), (True, True)], ids=["plain", "lean", "trim"])
 def short_rows(monkeypatch, request):
-    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its shipped builds
-    and its lean ones (the default: ``short_row.LEAN``)."""
+    """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its plain builds, its
+    lean ones (the default: ``short_row.LEAN``) and its trimmed lean ones (opt-in: ``short_row.TRIM``)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
-    monkeypatch.setattr(short_row, "LEAN", request.param)
+    monkeypatch.setattr(short_row, "LEAN", request.param[0])
+    monkeypatch.setattr(short_row, "TRIM", request.param[1])
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.int32])
@@ -52,7 +53,7 @@ def test_half_width_ctas_where_the_keys_fit(monkeypatch):
     for rows, width in ((1, half * short_row.PER), (500, half * short_row.PER), (1, half * short_row.PER + 1)):
         launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
-    assert [c[2] for c in configs] == [half, half, full]  # (source, pdl, threads, ord16, fused, lean)
+    assert [c[2] for c in configs] == [half, half, full]  # (source, pdl, threads, ord16, fused, lean, trim)
 
 
 def test_on_by_default_and_off_not_built(monkeypatch):
@@ -66,10 +67,10 @@ def test_on_by_default_and_off_not_built(monkeypatch):
     widths = (short_row.THREADS, short_row.HALF)
     topk, dcp = pdl.enabled(pdl.TOPK), pdl.enabled(pdl.DCP)
     for source in (*TOPK_SCORES, torch.int32):  # scores and block keys, fused or not; the DCP pack's ord16 keys
-        assert {(source, topk, w, False, f, short_row.lean_for(w)) for w in widths for f in (False, True)} \
-            <= set(built)
-    assert {(source, dcp, w, True, False, short_row.lean_for(w)) for source in DCP_SCORES for w in widths} \
-        <= set(built)
+        assert {(source, topk, w, False, f, short_row.lean_for(w), short_row.trim_for(w)) for w in widths
+                for f in (False, True)} <= set(built)
+    assert {(source, dcp, w, True, False, short_row.lean_for(w), short_row.trim_for(w)) for source in DCP_SCORES
+            for w in widths} <= set(built)
     assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
 
 
@@ -80,20 +81,40 @@ def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     for lean in (False, True):
         monkeypatch.setattr(short_row, "LEAN", lean)
-        assert {(config[2], config[-1]) for config in short_row.catalog(None)} == \
+        assert {(config[2], config[5]) for config in short_row.catalog(None)} == \
             {(short_row.HALF, lean), (short_row.THREADS, False)}
         configs = []
         monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
         for width in (100, short_row.SHORT_MAX):  # a 512-thread CTA, then a 1024-thread one
             launch.select(torch.zeros(1, width), torch.zeros(1, dtype=torch.int32), width, 1, 4,
                           torch.empty(1, 4, dtype=torch.int32), pinned=False)
-        assert [(config[2], config[-1]) for config in configs] == [(short_row.HALF, lean), (short_row.THREADS, False)]
+        assert [(config[2], config[5]) for config in configs] == [(short_row.HALF, lean), (short_row.THREADS, False)]
+
+
+def test_trimmed_builds_opt_in_and_built_as_asked(monkeypatch):
+    """The trimmed lean builds are off unless TORCH_SPARSE_DECODE_SHORT_TRIM=1 (not yet run on a
+    GPU), and only where the lean builds are: the catalog and the launch follow ``trim_for``."""
+    assert short_row.TRIM == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1")
+    monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    for lean, trim in ((True, False), (True, True), (False, True)):
+        monkeypatch.setattr(short_row, "LEAN", lean)
+        monkeypatch.setattr(short_row, "TRIM", trim)
+        assert {(config[2], config[6]) for config in short_row.catalog(None)} == \
+            {(short_row.HALF, lean and trim), (short_row.THREADS, False)}
+        configs = []
+        monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
+        for width in (100, short_row.SHORT_MAX):
+            launch.select(torch.zeros(1, width), torch.zeros(1, dtype=torch.int32), width, 1, 4,
+                          torch.empty(1, 4, dtype=torch.int32), pinned=False)
+        assert [(config[2], config[6]) for config in configs] == \
+            [(short_row.HALF, lean and trim), (short_row.THREADS, False)]
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
 @pytest.mark.parametrize("threads", [short_row.THREADS, short_row.HALF])
-def test_lean_builds_compile_and_fit_sm90(source, threads):
-    used = compiled_smem_bytes(short_row.compiled, source, False, threads, False, True, True)
+@pytest.mark.parametrize("trim", [False, True], ids=["lean", "trim"])
+def test_lean_builds_compile_and_fit_sm90(source, threads, trim):
+    used = compiled_smem_bytes(short_row.compiled, source, False, threads, False, True, True, trim)
     assert used <= SM90_SMEM
     if threads == short_row.HALF:
         assert 2 * (used + 1024) <= SM90_SM_SMEM

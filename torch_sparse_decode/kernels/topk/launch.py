@@ -74,7 +74,8 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     dependent = pdl.enabled(pdl.for_keys(ord16))
     if takes_short_row(src, pinned, ord16):
         threads = short_row.threads_for(src.shape[1])
-        short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads))(
+        short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),
+                           short_row.trim_for(threads))(
             src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))

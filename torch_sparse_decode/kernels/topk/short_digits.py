@@ -1,6 +1,6 @@
 """The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
 of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``,
-``per``, ``profile``, ``one_barrier``).
+``per``, ``profile``, ``one_barrier``, ``trim``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
   that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
@@ -17,6 +17,10 @@ of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps
   after the round's barrier every warp reads it and finds the digit itself, the same in every
   warp: no sums of copies, no one-warp scan, no barrier after it. A bin of at most 32 keys is
   then ranked by every warp after the gather's barrier.
+- ``trim`` (opt-in, ``short_row.TRIM``; lean builds): the search also gives the keys equal to t
+  (the rank counts them; past the last round, t's bin is its one value), so the write knows
+  before it counts whether every tie is kept; the rank of a bin of at most 32 keys holds one key
+  a lane, not four.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ RADIX = 8
 BINS = 1 << RADIX
 HIST = 32 * BINS  # the lanes' histogram copies, bin-major: lane l's count of bin b is word 32 * b + l
 # info words: scan_from_top's digit found and the keys in the bins above it (word 2 is its need); settle's verdict
-DIGIT, ABOVE, _, SETTLED = range(4)
+# (a trimmed build's word 2: the keys equal to t)
+DIGIT, ABOVE, TIES, SETTLED = range(4)
 # From TAIL_DIGITS digits on, a bin that is short (at most TAIL keys; randn 8K: ~10, 16K: ~30) is
 # ranked by one warp, and one whose keys are all equal (tie-heavy rows) gives t at once: either
 # settles t without the remaining rounds (each ~three barriers and a one-warp scan).
@@ -60,11 +65,13 @@ class ShortDigits:
     @cute.jit
     def threshold(self, keys: cute.Tensor, run: Int32, k: Int32, hist: cute.Tensor, parts: cute.Tensor,
                   info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32, marks: cute.Tensor):
-        """(t, take): the k-th largest key and how many keys equal to it the best k hold."""
+        """(t, take, ties): the k-th largest key, how many keys equal to it the best k hold, and (a
+        trimmed build; else -1) how many the row holds."""
         need = k
         t = Uint32(0)
         m = Int32(0)  # one_barrier: the keys in the bin of t's digits so far, known to every warp
         settled = Int32(0)  # t is known: the remaining rounds are skipped (CTA-uniform)
+        ties = Int32(-1)
         for p in cutlass.range_constexpr(self.rounds):
             if cutlass.const_expr(p < self.tail_digits):
                 t, need, m = self.next_digit(keys, run, t, need, m, k, p, hist, parts, info, tid)
@@ -75,14 +82,16 @@ class ShortDigits:
                     self.mark(marks, f"digit {p}")
             if cutlass.const_expr(self.tail_digits <= p + 1 < self.rounds):
                 if settled == 0:
-                    found, need, settled = self.settle(keys, run, t, need, m, p, parts, info, tail, bounds, tid)
+                    found, need, settled, ties = self.settle(keys, run, t, need, m, p, parts, info, tail, bounds, tid)
                     t = Uint32(found)
                     self.mark(marks, "tail")
         low = 32 - RADIX * self.rounds
         if cutlass.const_expr(low > 0 and self.fill):  # a widened bf16 / fp16 key's low bits follow from its sign
             fill = Uint32((1 << low) - 1)
             t = t | cutlass.select_(t >= Uint32(0x80000000), Uint32(0), fill)
-        return t, need
+        if cutlass.const_expr(self.trim):  # past the last round, t's bin holds its one value
+            ties = cutlass.select_(settled != 0, ties, m)
+        return t, need, ties
 
     @cute.jit
     def next_digit(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, m: Int32, k: Int32,
@@ -149,9 +158,10 @@ class ShortDigits:
     @cute.jit
     def settle(self, keys: cute.Tensor, run: Int32, t: Uint32, need: Int32, m: Int32, p: cutlass.Constexpr[int],
                parts: cute.Tensor, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor, tid: Int32):
-        """(t, need, settled) after digit p, from the bin of keys whose digits are t's so far (m of
-        them: one_barrier's count, else read here): a short bin is gathered into ``tail`` and
-        ranked; a long one's bounds are found, and if they meet, t is its one key."""
+        """(t, need, settled, ties) after digit p, from the bin of keys whose digits are t's so far (m
+        of them: one_barrier's count, else read here): a short bin is gathered into ``tail`` and
+        ranked; a long one's bounds are found, and if they meet, t is its one key. ties: the keys
+        equal to t where settled (a trimmed build; else -1)."""
         shift = 32 - RADIX * (p + 1)
         if cutlass.const_expr(not self.one_barrier):
             m = self.bin_count(parts, info[DIGIT])  # the bin's keys (the scan's sums are still there)
@@ -177,29 +187,32 @@ class ShortDigits:
                 bounds[warp] = high
                 bounds[self.warps + warp] = low
         cute.arch.sync_threads()
+        ties = Int32(-1)
         if cutlass.const_expr(self.one_barrier):
             found = t
             take = need
             settled = Int32(1)
             if m <= 32:  # CTA-uniform: every warp ranks the gathered keys, no second barrier
-                ranked, take = self.rank(tail, need, lane)
+                ranked, take, ties = self.rank(tail, need, lane, 1 if self.trim else TAIL // 32)
                 found = Uint32(ranked)
             else:
-                decided, take, settled = self.decide(t, need, m, info, tail, bounds, lane, tid)
+                decided, take, settled, ties = self.decide(t, need, m, info, tail, bounds, lane, tid)
                 found = Uint32(decided)
         else:
-            found, take, settled = self.decide(t, need, m, info, tail, bounds, lane, tid)
-        return found, take, settled
+            found, take, settled, ties = self.decide(t, need, m, info, tail, bounds, lane, tid)
+        return found, take, settled, ties
 
     @cute.jit
     def decide(self, t: Uint32, need: Int32, m: Int32, info: cute.Tensor, tail: cute.Tensor, bounds: cute.Tensor,
                lane: Int32, tid: Int32):
-        """``settle``'s verdict from one warp, shared through ``info`` behind a barrier."""
+        """``settle``'s verdict (t, take, settled, ties) from one warp, shared through ``info`` behind a
+        barrier."""
         if tid < 32:
             found = t
             take = need
+            ties = m  # the bin's keys, where they are all equal
             if m <= TAIL:
-                found, take = self.rank(tail, need, lane)
+                found, take, ties = self.rank(tail, need, lane)
                 found = Uint32(found)
             else:
                 mine = lane % self.warps
@@ -210,35 +223,47 @@ class ShortDigits:
                 info[DIGIT] = Int32(found)
                 info[ABOVE] = take
                 info[SETTLED] = cutlass.select_(take >= 0, Int32(1), Int32(0))
+                if cutlass.const_expr(self.trim):
+                    info[TIES] = ties
         cute.arch.sync_threads()
         settled = info[SETTLED]
+        ties = Int32(-1)
+        if cutlass.const_expr(self.trim):
+            ties = info[TIES]
         t = cutlass.select_(settled != 0, Uint32(info[DIGIT]), t)
-        return t, cutlass.select_(settled != 0, info[ABOVE], need), settled
+        return t, cutlass.select_(settled != 0, info[ABOVE], need), settled, ties
 
     @cute.jit
-    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32):
-        """(t, take) among the m <= TAIL keys gathered into ``tail`` (one warp): t is the largest key
-        x with at least need of them >= x, and take is need less the keys > t."""
+    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32, slots: cutlass.Constexpr[int] = TAIL // 32):
+        """(t, take, ties) among the m <= 32 * slots keys gathered into ``tail`` (one warp): t is the
+        largest key x with at least need of them >= x, take is need less the keys > t, and ties
+        (a trimmed build; else -1) the keys equal to t."""
         m = Int32(tail[GATHERED])
-        held = cute.make_rmem_tensor(TAIL // 32, Uint32)  # lane l: keys l, l + 32, ...; 0 past m
-        at_least = cute.make_rmem_tensor(TAIL // 32, Int32)
-        for h in cutlass.range_constexpr(TAIL // 32):
+        held = cute.make_rmem_tensor(slots, Uint32)  # lane l: keys l, l + 32, ...; 0 past m
+        at_least = cute.make_rmem_tensor(slots, Int32)
+        for h in cutlass.range_constexpr(slots):
             held[h] = Uint32(0)
             at_least[h] = Int32(0)
             if lane + 32 * h < m:
                 held[h] = tail[lane + 32 * h]
         for j in range(m):
             v = tail[j]
-            for h in cutlass.range_constexpr(TAIL // 32):
+            for h in cutlass.range_constexpr(slots):
                 at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
         best = Uint32(0)  # a held 0 has all m >= it, and loses to every key
-        for h in cutlass.range_constexpr(TAIL // 32):
+        for h in cutlass.range_constexpr(slots):
             best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
         best = cute.arch.warp_redux_sync(best, "umax")
         above = Int32(0)
-        for h in cutlass.range_constexpr(TAIL // 32):
+        for h in cutlass.range_constexpr(slots):
             above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
-        return best, need - cute.arch.warp_redux_sync(above, "add")
+        ties = Int32(-1)
+        if cutlass.const_expr(self.trim):
+            ties = Int32(0)
+            for h in cutlass.range_constexpr(slots):
+                ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
+            ties = cute.arch.warp_redux_sync(ties, "add")
+        return best, need - cute.arch.warp_redux_sync(above, "add"), ties
 
     @cute.jit
     def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],

@@ -57,6 +57,9 @@ SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "1") != "0"
 # On by default (TORCH_SPARSE_DECODE_SHORT_LEAN=0: the plain builds): the lean builds, rounds of one
 # barrier (``short_digits``) and the ties-taken write (``write_kept``). Read at each launch.
 LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1"
+# Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_TRIM=1: on): the lean builds
+# trimmed (``ShortRowTopk(trim=True)``): fewer instructions a key where the SM's issue binds them.
+TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1"
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes
@@ -78,6 +81,11 @@ def lean_for(threads: int) -> bool:
     return LEAN and threads == HALF
 
 
+def trim_for(threads: int) -> bool:
+    """Whether CTAs of ``threads`` take the trimmed lean build (``TRIM``)."""
+    return TRIM and lean_for(threads)
+
+
 class ShortRowTopk(ShortDigits):
     """The short-row select for one source (a score dtype, or int32 block keys: ``pinned``), in
     CTAs of ``threads`` (THREADS or HALF); ``ord16``: scores ranked by their bf16 ord16 (the DCP
@@ -86,11 +94,14 @@ class ShortRowTopk(ShortDigits):
     writes its phases' clocks after its k ids (``write_marks``; benchmarks/profile_short_row.py);
     ``one_barrier``: digit rounds of one barrier (``short_digits``); ``ties_taken``: where the CTA
     keeps every key equal to t, one ballot a key places the keys >= t (``write_kept``); ``per``: the
-    keys a thread holds at most (rows of at most threads * per keys)."""
+    keys a thread holds at most (rows of at most threads * per keys); ``trim`` (lean builds only):
+    a row of exactly threads * run columns, all valid, is not masked; only the three histograms
+    the rounds use are cleared; where the search finds every tie kept (``short_digits``), one
+    ballot a key both counts and places the keys >= t (``write_placed``)."""
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
                  fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False,
-                 per: int = PER):
+                 per: int = PER, trim: bool = False):
         self.source = cute_type(source)
         self.pinned = source is BLOCK_KEYS
         self.ord16 = ord16
@@ -104,6 +115,8 @@ class ShortRowTopk(ShortDigits):
         self.parts = max(1, threads // BINS)  # the copies are summed in parts groups of 32 // parts
         self.per = per
         assert one_barrier or threads >= BINS, "the plain rounds sum the histogram's copies over BINS threads at least"
+        assert not trim or (one_barrier and ties_taken), "trim trims the lean builds"
+        self.trim = trim
         self.profile = profile
         self.one_barrier = one_barrier
         self.ties_taken = ties_taken
@@ -176,11 +189,12 @@ class ShortRowTopk(ShortDigits):
                     x = src[row, min(lo + 32 * i, n - 1)]
                     keys[i] = cutlass.select_((run > i) & (lo + 32 * i < n), source_key(x, self.source, False),
                                               Uint32(0))
+            elif cutlass.const_expr(self.trim):
+                if (first != 0) | (end != run * self.threads):  # CTA-uniform: else every key read is valid
+                    self.mask(keys, run, lo, first, end)
             else:
-                for i in cutlass.range_constexpr(self.per):
-                    inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
-                    keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
-            zero_fill(hist, HIST, tid, self.threads)
+                self.mask(keys, run, lo, first, end)
+            zero_fill(hist, 3 * BINS if self.trim else HIST, tid, self.threads)  # lean rounds: three histograms
             if tid == 0:
                 tail[GATHERED] = Uint32(0)
                 if cutlass.const_expr(self.pinned):  # after the k ranked blocks (now: nothing live across the select)
@@ -188,8 +202,8 @@ class ShortRowTopk(ShortDigits):
             cute.arch.sync_threads()
             self.mark(marks, "keys in")
 
-            t, take = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid, marks)
-            self.write_kept(keys, run, t, take, lo - (Int32(0) if self.pinned else first), row, o.out, staged,
+            t, take, ties = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid, marks)
+            self.write_kept(keys, run, t, take, ties, lo - (Int32(0) if self.pinned else first), row, o.out, staged,
                             warp_sums, tid, marks)
             self.write_marks(o.out, marks, began, row, k, tid)
             if cutlass.const_expr(self.fused):
@@ -198,12 +212,67 @@ class ShortRowTopk(ShortDigits):
                     emit(o, src, row, first, j, min(max(staged[j], Int32(0)), n - 1), self.fused, self.pinned)
 
     @cute.jit
-    def write_kept(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
+    def mask(self, keys: cute.Tensor, run: Int32, lo: Int32, first: Int32, end: Int32):
+        """Keys outside the window [first, end) are no keys (0)."""
+        for i in cutlass.range_constexpr(self.per):
+            inside = (lo + 32 * i >= first) & (lo + 32 * i < end)
+            keys[i] = cutlass.select_(inside, keys[i], Uint32(0))
+
+    @cute.jit
+    def write_kept(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, ties: Int32, lo: Int32, row: Int32,
                    out: cute.Tensor, staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
         """The kept ids at their places in ``out`` (a fused build: in ``staged``): keys > t and the
         first ``take`` keys == t, in id order.
         Id order is warp, then key, then lane: a warp's ballots of each key place its lanes, and
-        one barrier gives each warp the counts of the warps below it."""
+        one barrier gives each warp the counts of the warps below it. A trimmed build that keeps
+        all ``ties`` keys equal to t places the keys >= t in one pass (``write_placed``)."""
+        if cutlass.const_expr(self.trim):
+            if ties == take:  # CTA-uniform
+                self.write_placed(keys, run, t, lo, row, out, staged, warp_sums, tid, marks)
+            else:
+                self.write_counted(keys, run, t, take, lo, row, out, staged, warp_sums, tid, marks)
+        else:
+            self.write_counted(keys, run, t, take, lo, row, out, staged, warp_sums, tid, marks)
+        self.mark(marks, "written")
+
+    @cute.jit
+    def write_placed(self, keys: cute.Tensor, run: Int32, t: Uint32, lo: Int32, row: Int32, out: cute.Tensor,
+                     staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
+        """Every key >= t at its place: one ballot a key gives its place among its warp's (kept in
+        registers while the keys are let go), one barrier the warps' bases."""
+        lane, warp = tid % 32, tid // 32
+        below = Uint32(cute.arch.lanemask_lt())
+        places = cute.make_rmem_tensor(self.per, Int32)  # among the warp's kept keys; -1: not kept
+        kept = Int32(0)
+        for i in cutlass.range_constexpr(self.per):
+            places[i] = Int32(-1)
+            if run > i:
+                keep = keys[i] >= t
+                votes = ballot_of(keep)
+                places[i] = cutlass.select_(keep, kept + popc(votes & below), Int32(-1))
+                kept = kept + popc(votes)
+        if lane == 0:
+            warp_sums[warp] = kept
+        cute.arch.sync_threads()
+        self.mark(marks, "counts")
+        base = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
+        width = out.shape[1]
+        if cutlass.const_expr(self.fused):
+            width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
+        ids = out[row, None]
+        for i in cutlass.range_constexpr(self.per):
+            if run > i:
+                slot = base + places[i]
+                if (places[i] >= 0) & (slot < width):
+                    if cutlass.const_expr(self.fused):
+                        staged[slot] = lo + 32 * i
+                    else:
+                        ids[slot] = lo + 32 * i
+
+    @cute.jit
+    def write_counted(self, keys: cute.Tensor, run: Int32, t: Uint32, take: Int32, lo: Int32, row: Int32,
+                      out: cute.Tensor, staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
+        """``write_kept`` from each warp's counts of keys > t and == t."""
         lane, warp = tid % 32, tid // 32
         below = Uint32(cute.arch.lanemask_lt())
         counts = Int32(0)  # keys > t (low 16 bits) and == t (high): the CTA's sums are < 2**16
@@ -229,7 +298,6 @@ class ShortRowTopk(ShortDigits):
                 self.write_places(keys, run, t, take, lo, row, below, kept_before, tied_before, out, staged, width)
         else:
             self.write_places(keys, run, t, take, lo, row, below, kept_before, tied_before, out, staged, width)
-        self.mark(marks, "written")
 
     @cute.jit
     def write_at_least(self, keys: cute.Tensor, run: Int32, t: Uint32, kept_before: Int32, lo: Int32, below: Uint32,
@@ -284,7 +352,7 @@ class ShortRowTopk(ShortDigits):
                 out[row, k + 1 + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
-# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean).
+# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean, trim).
 def catalog(target) -> list[tuple]:
     """Every build ``launch.select`` takes, while the path is on (``SHORT_ROWS``), as
     programmatic dependents where ``pdl.enabled`` says so for the op each serves, lean where
@@ -294,18 +362,18 @@ def catalog(target) -> list[tuple]:
         return []
     sources = [(s, False, f) for s in (*TOPK_SCORES, BLOCK_KEYS) for f in (False, True)]
     sources += [(s, True, False) for s in DCP_SCORES]
-    return [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads)) for s, ord16, f in sources
-            for threads in (THREADS, HALF)]
+    return [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
+            for s, ord16, f in sources for threads in (THREADS, HALF)]
 
 
 @cached_kernel("topk_short_row", catalog)
 def compiled(source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-             fused: bool = False, lean: bool = False, profile: bool = False):
+             fused: bool = False, lean: bool = False, trim: bool = False, profile: bool = False):
     """The short-row select for one source (a score dtype, or int32 block keys) in CTAs of
-    ``threads``, lean or not (``LEAN``), from fake tensors (no GPU needed); ``profile``: with
-    phase marks (``ShortRowTopk``; benchmarks/profile_short_row.py --phases)."""
-    return build(ShortRowTopk(source, pdl, threads, ord16, fused, profile=profile, one_barrier=lean, ties_taken=lean),
-                 source)
+    ``threads``, lean or not (``LEAN``), trimmed or not (``TRIM``), from fake tensors (no GPU
+    needed); ``profile``: with phase marks (``ShortRowTopk``; benchmarks/profile_short_row.py --phases)."""
+    return build(ShortRowTopk(source, pdl, threads, ord16, fused, profile=profile, one_barrier=lean, ties_taken=lean,
+                              trim=trim), source)
 
 
 def build(topk: ShortRowTopk, source: torch.dtype):
