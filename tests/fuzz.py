@@ -19,8 +19,9 @@ a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 
 the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its
 switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
-With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path and its
-lean builds, the warp routing, the split router GEMM: each on half the time) and restores them after: every path
+With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
+lean builds and their trim, the warp routing, the split router GEMM, the front's bulk staging and
+tensor-core GEMV: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
