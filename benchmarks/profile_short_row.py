@@ -177,11 +177,14 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "128 x 64 lean": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, per=64),
         "512, trim": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True, trim=True),
         "256 x 32 trim": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=32,
-                                      trim=True)}
+                                      trim=True),
+        # the 16K rows' CTA (1024 threads, plain) against half the warps holding twice the keys, trimmed
+        "512 x 32 trim": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True,
+                                      per=32, trim=True)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
          "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean",
-         "512, trim", "256 x 32 trim")
+         "512, trim", "256 x 32 trim", "512 x 32 trim")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -297,7 +300,8 @@ def main() -> None:
     kernels = {name: short_row.build(topk, torch.float32) for name, topk in made.items()}
     exact = [name for name in EXACT if name in made]
     failed = check(args.check, made, kernels, exact) if args.check else set()
-    for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (8, 16 << 10)]):
+    for rows, width in [(1, 8 << 10), (8, 8 << 10)] + ([] if args.quick else [(64, 8 << 10), (256, 8 << 10),
+                                                                             (8, 16 << 10)]):
         for kind in ("randn", "ties"):
             sets = rotation(inputs(kind, rows, width), rows * width * 4)
             out = torch.empty(rows, K, dtype=torch.int32, device="cuda")

@@ -127,7 +127,8 @@ class ShortRowTopk(ShortDigits):
                  values: cute.Tensor, want: Int32, stream):
         self.kernel(src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want).launch(
             grid=[out.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl,
-            **({"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if self.threads == HALF else {}))
+            **({"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if self.threads == HALF and self.per <= PER
+               else {}))
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
