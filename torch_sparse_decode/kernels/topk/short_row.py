@@ -96,8 +96,10 @@ class ShortRowTopk(ShortDigits):
     keeps every key equal to t, one ballot a key places the keys >= t (``write_kept``); ``per``: the
     keys a thread holds at most (rows of at most threads * per keys); ``trim`` (lean builds only):
     a row of exactly threads * run columns, all valid, is not masked; only the three histograms
-    the rounds use are cleared; where the search finds every tie kept (``short_digits``), one
-    ballot a key both counts and places the keys >= t (``write_placed``)."""
+    the rounds use are cleared; a batch whose threads hold per keys each (8K columns at 512
+    threads) takes a copy of the select that tests no key against run; where the search finds
+    every tie kept (``short_digits``), one ballot a key both counts and places the keys >= t
+    (``write_placed``)."""
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
                  fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False,
@@ -203,14 +205,31 @@ class ShortRowTopk(ShortDigits):
             cute.arch.sync_threads()
             self.mark(marks, "keys in")
 
-            t, take, ties = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid, marks)
-            self.write_kept(keys, run, t, take, ties, lo - (Int32(0) if self.pinned else first), row, o.out, staged,
-                            warp_sums, tid, marks)
+            if cutlass.const_expr(self.trim):
+                if run == self.per:  # CTA-uniform: every thread holds per keys, so no key waits on a test of run
+                    self.select(keys, self.per, k, hist, parts, info, tail, bounds, lo, first, row, o.out, staged,
+                                warp_sums, tid, marks)
+                else:
+                    self.select(keys, run, k, hist, parts, info, tail, bounds, lo, first, row, o.out, staged,
+                                warp_sums, tid, marks)
+            else:
+                self.select(keys, run, k, hist, parts, info, tail, bounds, lo, first, row, o.out, staged, warp_sums,
+                            tid, marks)
             self.write_marks(o.out, marks, began, row, k, tid)
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 for j in range(tid, k, self.threads):  # n > k: k kept (clamped: memory-safe were one not staged)
                     emit(o, src, row, first, j, min(max(staged[j], Int32(0)), n - 1), self.fused, self.pinned)
+
+    @cute.jit
+    def select(self, keys: cute.Tensor, run, k: Int32, hist: cute.Tensor, parts: cute.Tensor, info: cute.Tensor,
+               tail: cute.Tensor, bounds: cute.Tensor, lo: Int32, first: Int32, row: Int32, out: cute.Tensor,
+               staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
+        """t, then the kept ids (``run``: the keys a thread holds, an Int32, or a Python int where the
+        build knows it, so the passes test no key against it)."""
+        t, take, ties = self.threshold(keys, run, k, hist, parts, info, tail, bounds, tid, marks)
+        self.write_kept(keys, run, t, take, ties, lo - (Int32(0) if self.pinned else first), row, out, staged,
+                        warp_sums, tid, marks)
 
     @cute.jit
     def mask(self, keys: cute.Tensor, run: Int32, lo: Int32, first: Int32, end: Int32):
