@@ -127,16 +127,17 @@ class BranchFreeCount(short_row.ShortRowTopk):
 
 
 def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False,
-                 per: int = short_digits.PER, trim: bool = False):
+                 per: int = short_digits.PER, trim: bool = False, ctas: int = 1):
     """``cls`` in CTAs of ``threads`` holding ``per`` keys a thread (rows of at most threads * per keys), a
     programmatic dependent if ``pdl``, with the lean builds' ``one_barrier`` rounds and ``ties_taken`` write
-    (``short_row.LEAN``) and their ``trim`` (``short_row.TRIM``) as asked."""
+    (``short_row.LEAN``) and their ``trim`` (``short_row.TRIM``) as asked, a row over a cluster of ``ctas``."""
 
     class Sized(cls):
         def __init__(self, source):
             super().__init__(source)
             self.threads, self.warps, self.parts = threads, threads // 32, max(1, threads // short_digits.BINS)
             self.pdl, self.one_barrier, self.ties_taken, self.per, self.trim = pdl, one_barrier, ties_taken, per, trim
+            self.ctas = ctas
 
     return Sized
 
@@ -180,11 +181,18 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
                                       trim=True),
         # the 16K rows' CTA (1024 threads, plain) against half the warps holding twice the keys, trimmed
         "512 x 32 trim": with_threads(short_row.ShortRowTopk, short_row.HALF, one_barrier=True, ties_taken=True,
-                                      per=32, trim=True)}
+                                      per=32, trim=True),
+        # a row over a cluster of CTAs (each its share of the keys, the histograms summed over the cluster)
+        "C2 x 256 trim": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, trim=True,
+                                      ctas=2),
+        "C4 x 128 trim": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, trim=True,
+                                      ctas=4),
+        "C4 x 256 x 8 trim": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=8,
+                                          trim=True, ctas=4)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
          "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean",
-         "512, trim", "256 x 32 trim", "512 x 32 trim")
+         "512, trim", "256 x 32 trim", "512 x 32 trim", "C2 x 256 trim", "C4 x 128 trim", "C4 x 256 x 8 trim")
 
 
 def inputs(kind: str, rows: int, width: int):
@@ -268,7 +276,7 @@ def check(cases: int, made: dict, kernels: dict, exact: list, device: str = "cud
         outs = {}
         for name in ("whole", *exact):
             f = kernels[name]
-            if width <= made[name].threads * made[name].per:
+            if width <= made[name].threads * made[name].per * made[name].ctas:
                 out = torch.full((rows, k), -7, dtype=torch.int32, device=device)
                 f(src, lengths, starts, windowed, width, 1, k, out, out, out, 0, src, 0)
                 outs[name] = out
@@ -310,7 +318,7 @@ def main() -> None:
                 x, n = sets[i % len(sets)]
                 f(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
 
-            fits = {name: width <= made[name].threads * made[name].per for name in made}
+            fits = {name: width <= made[name].threads * made[name].per * made[name].ctas for name in made}
             call(kernels["whole"], 0)
             want = out.clone()
             wrong = set(failed)  # candidates whose ids differ from the whole kernel's: not timed

@@ -20,7 +20,7 @@ the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are
 switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
-lean builds and their trim, the warp routing, the split router GEMM, the front's bulk staging and
+lean builds, their trim and clusters, the warp routing, the split router GEMM, the front's bulk staging and
 tensor-core GEMV: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
@@ -467,6 +467,7 @@ def opt_in_switches():
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
+            (tsd_short_row(), "CLUSTER", "short_cluster"),
             (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
             (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 

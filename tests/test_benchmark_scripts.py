@@ -79,7 +79,7 @@ def test_profile_short_row_check_names_a_candidate_that_differs():
         out[:, -1] += 1
 
     names = ("whole", *profile_short_row.EXACT)
-    made = {name: SimpleNamespace(threads=1024 if name == "whole" else 512, per=16) for name in names}
+    made = {name: SimpleNamespace(threads=1024 if name == "whole" else 512, per=16, ctas=1) for name in names}
     kernels = {name: off_by_one if name == "512, lean" else ids for name in names}
     assert profile_short_row.check(12, made, kernels, list(profile_short_row.EXACT), device="cpu") == {"512, lean"}
     kernels["512, lean"] = ids

@@ -22,13 +22,17 @@ from torch_sparse_decode.kernels.topk import launch, short_row
 SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
 
 
-@pytest.fixture(params=[(False, False), (True, False), (True, True)], ids=["plain", "lean", "trim"])
+@pytest.fixture(params=[(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
+                ids=["plain", "lean", "trim", "cluster"])
 def short_rows(monkeypatch, request):
     """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its plain builds, its
-    lean ones (the default: ``short_row.LEAN``) and its trimmed lean ones (opt-in: ``short_row.TRIM``)."""
+    lean ones (the default: ``short_row.LEAN``), its trimmed lean ones (opt-in: ``short_row.TRIM``)
+    and, with those, a row over a cluster of CTAs where the batch's rows are few (opt-in:
+    ``short_row.CLUSTER``)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     monkeypatch.setattr(short_row, "LEAN", request.param[0])
     monkeypatch.setattr(short_row, "TRIM", request.param[1])
+    monkeypatch.setattr(short_row, "CLUSTER", request.param[2])
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.int32])
@@ -108,6 +112,38 @@ def test_trimmed_builds_opt_in_and_built_as_asked(monkeypatch):
                           torch.empty(1, 4, dtype=torch.int32), pinned=False)
         assert [(config[2], config[6]) for config in configs] == \
             [(short_row.HALF, lean and trim), (short_row.THREADS, False)]
+
+
+def test_clusters_opt_in_and_built_as_asked(monkeypatch):
+    """Clusters are off unless TORCH_SPARSE_DECODE_SHORT_CLUSTER=1 (not yet run on a GPU), and only
+    for trimmed builds of HALF threads' keys writing ids alone; a batch takes the largest cluster
+    whose CTAs all fit the SMs, HALF // CTAs threads each."""
+    assert short_row.CLUSTER == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1")
+    for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True)):
+        monkeypatch.setattr(short_row, name, value)
+    monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    clustered = [c for c in short_row.catalog(None) if len(c) > 7]
+    assert {(c[2], c[7]) for c in clustered} == {(short_row.HALF // n, n) for n in short_row.CLUSTER_SIZES}
+    assert not any(c[4] for c in clustered) and len(clustered) == 2 * (4 + 2)  # scores, block keys, ord16
+    configs = []
+    monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
+    for rows, width, fused in ((33, 8192, False), (34, 8192, False), (67, 8192, False), (8, 8193, False),
+                               (8, 100, True)):
+        launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
+                      torch.empty(rows, 4, dtype=torch.int32), pinned=False,
+                      raw=torch.empty(rows, 4, dtype=torch.int32) if fused else None)
+    assert [(c[2], c[7] if len(c) > 7 else 1) for c in configs] == \
+        [(128, 4), (256, 2), (short_row.HALF, 1), (short_row.THREADS, 1), (short_row.HALF, 1)]
+    monkeypatch.setattr(short_row, "TRIM", False)
+    assert not short_row.clusters_for(8192, False) and all(len(c) == 7 for c in short_row.catalog(None))
+
+
+@pytest.mark.parametrize("source,ord16", [(torch.float32, False), (torch.bfloat16, True), (torch.int32, False)])
+@pytest.mark.parametrize("ctas", short_row.CLUSTER_SIZES)
+def test_cluster_builds_compile_and_fit_sm90(source, ord16, ctas):
+    used = compiled_smem_bytes(short_row.compiled, source, False, short_row.HALF // ctas, ord16, False, True, True,
+                               ctas)
+    assert used <= SM90_SMEM
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
@@ -367,3 +403,19 @@ def test_in_a_cuda_graph(short_rows):
     fresh = [(scores(kind, tuple(x.shape), seed=9).cuda(), lengths.roll(i).cuda())
              for i, kind in enumerate(["random", "all_equal", "nan_mixed", "few_distinct"])]
     assert replay_matches(graphed, fresh, lambda s, n: oracle.topk_tokens(s.cpu(), n.cpu(), 2048)) == 4
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 33, 34])  # clusters of 4 up to 33 rows on 132 SMs, then of 2
+@pytest.mark.parametrize("width", [8192, 8191, 4097, 300])
+@pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "signed_zeros"])
+def test_few_rows(short_rows, rows, width, kind):
+    """Batches of few rows (a cluster a row where ``short_row.CLUSTER``): k's edges and full rows,
+    in every CTA of the cluster's share."""
+    lengths = torch.tensor([(width, 0, 1, 2047, 2048, 2049, width - 1, width // 2)[r % 8] for r in range(rows)],
+                           dtype=torch.int32).clamp(0, width)
+    x = scores(kind, (rows, width), seed=rows + width)
+    for k in (1, 2048):
+        check(x, lengths, k)
+    starts = (lengths // 3).clamp(max=max(width - 1, 0))
+    check(x, lengths, 2048, starts)

@@ -74,9 +74,13 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     dependent = pdl.enabled(pdl.for_keys(ord16))
     if takes_short_row(src, pinned, ord16):
         threads = short_row.threads_for(src.shape[1])
-        short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),
-                           short_row.trim_for(threads))(
-            src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
+        ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(src.shape[1], fused) else 1
+        if ctas > 1:
+            kernel = short_row.compiled(src.dtype, dependent, short_row.HALF // ctas, ord16, False, True, True, ctas)
+        else:
+            kernel = short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),
+                                        short_row.trim_for(threads))
+        kernel(src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
     compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=dependent)(

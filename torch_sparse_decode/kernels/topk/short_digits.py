@@ -1,6 +1,6 @@
 """The short-row select's search for t, the k-th largest key of a row held in registers (a mixin
 of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps``, ``parts``,
-``per``, ``profile``, ``one_barrier``, ``trim``).
+``per``, ``profile``, ``one_barrier``, ``trim``, ``ctas``).
 
 - One 8-bit digit at a time, top first. Each digit is read off a 256-bin histogram of the keys
   that match the digits found so far, kept once per lane, bin-major (lane l's count of bin b is
@@ -21,6 +21,11 @@ of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps
   (the rank counts them; past the last round, t's bin is its one value), so the write knows
   before it counts whether every tie is kept; the rank of a bin of at most 32 keys holds one key
   a lane, not four.
+- ``ctas`` > 1 (trimmed builds): the row's keys are spread over a cluster of CTAs. Each counts
+  into its own histograms; after a cluster barrier each sums the round's histogram over the
+  cluster (distributed shared memory) and finds the digit from the sums. A settling bin is
+  gathered by each CTA into its own list and ranked from their union, or bounded over every
+  CTA's warps: every CTA reaches the same t.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32
 
 from ..cute import popc, scan_from_top, stamp, warp_inclusive, zero_fill
+from .cluster import cluster_sum, cluster_sync, load_rank
 
 PER = 16  # keys a thread holds at most
 # Digits each source's keys need: the low 32 - 8 * digits bits of a widened bf16 / fp16 key are
@@ -40,6 +46,7 @@ DIGIT_ROUNDS = {torch.float32: 4, torch.float16: 3, torch.bfloat16: 2, torch.int
 RADIX = 8
 BINS = 1 << RADIX
 HIST = 32 * BINS  # the lanes' histogram copies, bin-major: lane l's count of bin b is word 32 * b + l
+SUMMED = 3 * BINS  # a cluster's lean rounds: the round's histogram summed over its CTAs (after the three)
 # info words: scan_from_top's digit found and the keys in the bins above it (word 2 is its need); settle's verdict
 # (a trimmed build's word 2: the keys equal to t)
 DIGIT, ABOVE, TIES, SETTLED = range(4)
@@ -110,12 +117,19 @@ class ShortDigits:
         shift = 32 - RADIX * (p + 1)
         base = (p % 3) * BINS  # histogram p % 3 of three
         self.count(keys, run, t, p, shift, hist, tid, base)
+        read = base
+        if cutlass.const_expr(self.ctas > 1):  # the round's histogram summed over the cluster's CTAs
+            cluster_sync(self.ctas)
+            for j in cutlass.range_constexpr(-(-BINS // self.threads)):
+                if tid + j * self.threads < BINS:
+                    hist[SUMMED + tid + j * self.threads] = cluster_sum(hist, base + tid + j * self.threads, self.ctas)
+            read = SUMMED
         cute.arch.sync_threads()
         lane = tid % 32
         counts = cute.make_rmem_tensor(8, Int32)  # lane l: bins 255 - 8 l .. 248 - 8 l, from the top
         mine = Int32(0)
         for b in cutlass.range_constexpr(8):
-            counts[b] = hist[base + 255 - 8 * lane - b]
+            counts[b] = hist[read + 255 - 8 * lane - b]
             mine = mine + counts[b]
         inclusive = warp_inclusive(mine, lane)
         reached = Uint32(cute.arch.vote_ballot_sync(inclusive >= need))
@@ -186,14 +200,20 @@ class ShortDigits:
             if lane == 0:
                 bounds[warp] = high
                 bounds[self.warps + warp] = low
-        cute.arch.sync_threads()
+        if cutlass.const_expr(self.ctas > 1):  # every CTA's gathered keys or bounds, to every CTA
+            cluster_sync(self.ctas)
+        else:
+            cute.arch.sync_threads()
         ties = Int32(-1)
         if cutlass.const_expr(self.one_barrier):
             found = t
             take = need
             settled = Int32(1)
             if m <= 32:  # CTA-uniform: every warp ranks the gathered keys, no second barrier
-                ranked, take, ties = self.rank(tail, need, lane, 1 if self.trim else TAIL // 32)
+                if cutlass.const_expr(self.ctas > 1):
+                    ranked, take, ties = self.rank_union(tail, need, lane, 1)
+                else:
+                    ranked, take, ties = self.rank(tail, need, lane, 1 if self.trim else TAIL // 32)
                 found = Uint32(ranked)
             else:
                 decided, take, settled, ties = self.decide(t, need, m, info, tail, bounds, lane, tid)
@@ -212,12 +232,18 @@ class ShortDigits:
             take = need
             ties = m  # the bin's keys, where they are all equal
             if m <= TAIL:
-                found, take, ties = self.rank(tail, need, lane)
+                if cutlass.const_expr(self.ctas > 1):
+                    found, take, ties = self.rank_union(tail, need, lane, TAIL // 32)
+                else:
+                    found, take, ties = self.rank(tail, need, lane)
                 found = Uint32(found)
             else:
-                mine = lane % self.warps
-                found = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
-                low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
+                if cutlass.const_expr(self.ctas > 1):
+                    found, low = self.cluster_bounds(bounds, lane)
+                else:
+                    mine = lane % self.warps
+                    found = Uint32(cute.arch.warp_redux_sync(bounds[mine], "umax"))
+                    low = cute.arch.warp_redux_sync(bounds[self.warps + mine], "umin")
                 take = cutlass.select_(low == found, need, Int32(-1))
             if lane == 0:
                 info[DIGIT] = Int32(found)
@@ -264,6 +290,54 @@ class ShortDigits:
                 ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
             ties = cute.arch.warp_redux_sync(ties, "add")
         return best, need - cute.arch.warp_redux_sync(above, "add"), ties
+
+    @cute.jit
+    def rank_union(self, tail: cute.Tensor, need: Int32, lane: Int32, slots: cutlass.Constexpr[int]):
+        """``rank`` over the keys every CTA of the cluster gathered (m <= 32 * slots of them): lane l
+        holds keys l, l + 32, ... of their union, in rank order, and the warp ranks them by shuffles."""
+        gathered = cute.make_rmem_tensor(self.ctas, Int32)
+        m = Int32(0)
+        for r in cutlass.range_constexpr(self.ctas):
+            gathered[r] = load_rank(tail, Int32(GATHERED), Int32(r))
+            m = m + gathered[r]
+        held = cute.make_rmem_tensor(slots, Uint32)
+        at_least = cute.make_rmem_tensor(slots, Int32)
+        for h in cutlass.range_constexpr(slots):
+            held[h] = Uint32(0)
+            at_least[h] = Int32(0)
+            offset = Int32(0)
+            for r in cutlass.range_constexpr(self.ctas):
+                q = lane + 32 * h - offset
+                if (q >= 0) & (q < gathered[r]):
+                    held[h] = Uint32(load_rank(tail, q, Int32(r)))
+                offset = offset + gathered[r]
+        for g in cutlass.range_constexpr(slots):
+            for j in range(min(m - 32 * g, Int32(32))):
+                v = Uint32(cute.arch.shuffle_sync(Int32(held[g]), j))
+                for h in cutlass.range_constexpr(slots):
+                    at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
+        best = Uint32(0)
+        for h in cutlass.range_constexpr(slots):
+            best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
+        best = cute.arch.warp_redux_sync(best, "umax")
+        above = Int32(0)
+        ties = Int32(0)
+        for h in cutlass.range_constexpr(slots):
+            above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
+            ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
+        return best, need - cute.arch.warp_redux_sync(above, "add"), cute.arch.warp_redux_sync(ties, "add")
+
+    @cute.jit
+    def cluster_bounds(self, bounds: cute.Tensor, lane: Int32):
+        """(largest, smallest) of the bin's keys over every warp of the cluster's CTAs."""
+        high = Uint32(0)
+        low = Uint32(0xFFFFFFFF)
+        for q in cutlass.range_constexpr(-(-self.ctas * self.warps // 32)):
+            w = lane + 32 * q
+            if w < self.ctas * self.warps:
+                high = max(high, Uint32(load_rank(bounds, w % self.warps, w // self.warps)))
+                low = min(low, Uint32(load_rank(bounds, self.warps + w % self.warps, w // self.warps)))
+        return cute.arch.warp_redux_sync(high, "umax"), cute.arch.warp_redux_sync(low, "umin")
 
     @cute.jit
     def count(self, keys: cute.Tensor, run: Int32, t: Uint32, p: cutlass.Constexpr[int],

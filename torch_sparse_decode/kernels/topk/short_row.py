@@ -60,6 +60,11 @@ LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1"
 # Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_TRIM=1: on): the lean builds
 # trimmed (``ShortRowTopk(trim=True)``): fewer instructions a key where the SM's issue binds them.
 TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1"
+# Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_CLUSTER=1: on, with TRIM): a batch
+# of few rows of at most HALF * PER key columns spreads each row over a cluster of CTAS CTAs of HALF // CTAS
+# threads (``ShortRowTopk(ctas=...)``), so one row's select is not bound by one SM's issue.
+CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1"
+CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes
@@ -86,6 +91,17 @@ def trim_for(threads: int) -> bool:
     return TRIM and lean_for(threads)
 
 
+def clusters_for(key_cols: int, fused: bool) -> bool:
+    """Whether a batch may spread its rows over clusters (``CLUSTER``): trimmed builds of HALF
+    threads' keys, ids alone (a shape test)."""
+    return CLUSTER and not fused and threads_for(key_cols) == HALF and trim_for(HALF)
+
+
+def cluster_size(rows: int, sms: int) -> int:
+    """CTAs a row: the largest of CLUSTER_SIZES whose rows * CTAs fit ``sms`` SMs, else 1."""
+    return next((c for c in CLUSTER_SIZES if rows * c <= sms), 1)
+
+
 class ShortRowTopk(ShortDigits, ShortWrite):
     """The short-row select for one source (a score dtype, or int32 block keys: ``pinned``), in
     CTAs of ``threads`` (THREADS or HALF); ``ord16``: scores ranked by their bf16 ord16 (the DCP
@@ -103,7 +119,7 @@ class ShortRowTopk(ShortDigits, ShortWrite):
 
     def __init__(self, source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
                  fused: bool = False, profile: bool = False, one_barrier: bool = False, ties_taken: bool = False,
-                 per: int = PER, trim: bool = False):
+                 per: int = PER, trim: bool = False, ctas: int = 1):
         self.source = cute_type(source)
         self.pinned = source is BLOCK_KEYS
         self.ord16 = ord16
@@ -118,7 +134,9 @@ class ShortRowTopk(ShortDigits, ShortWrite):
         self.per = per
         assert one_barrier or threads >= BINS, "the plain rounds sum the histogram's copies over BINS threads at least"
         assert not trim or (one_barrier and ties_taken), "trim trims the lean builds"
+        assert ctas == 1 or (trim and not fused), "a cluster a row: trimmed builds that write ids alone"
         self.trim = trim
+        self.ctas = ctas
         self.profile = profile
         self.one_barrier = one_barrier
         self.ties_taken = ties_taken
@@ -127,17 +145,26 @@ class ShortRowTopk(ShortDigits, ShortWrite):
     def __call__(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
                  block: Int32, k: Int32, out: cute.Tensor, raw: cute.Tensor, table: cute.Tensor, page: Int32,
                  values: cute.Tensor, want: Int32, stream):
-        self.kernel(src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want).launch(
-            grid=[out.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl,
-            **({"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if self.threads == HALF and self.per <= PER
-               else {}))
+        if cutlass.const_expr(self.ctas > 1):  # a row's CTAs are a cluster: rank in x, row in y
+            self.kernel(src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want).launch(
+                grid=[self.ctas, out.shape[0], 1], block=[self.threads, 1, 1], cluster=[self.ctas, 1, 1],
+                stream=stream, use_pdl=self.pdl)
+        else:
+            self.kernel(src, lengths, starts, windowed, cols, block, k, out, raw, table, page, values, want).launch(
+                grid=[out.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl,
+                **({"min_blocks_per_mp": 2, "preferred_smem_carveout": 100} if self.threads == HALF and self.per <= PER
+                   else {}))
 
     @cute.kernel
     def kernel(self, src: cute.Tensor, lengths: cute.Tensor, starts: cute.Tensor, windowed: Int32, cols: Int32,
                block: Int32, k: Int32, out: cute.Tensor, raw: cute.Tensor, table: cute.Tensor, page: Int32,
                values: cute.Tensor, want: Int32):
         tid, _, _ = cute.arch.thread_idx()
-        row, _, _ = cute.arch.block_idx()
+        rank = Int32(0)  # a cluster's CTA: its share of the row's keys (ctas > 1)
+        if cutlass.const_expr(self.ctas > 1):
+            rank, row, _ = cute.arch.block_idx()
+        else:
+            row, _, _ = cute.arch.block_idx()
         o = Outputs(out, raw, table, page, values, want)  # a fused build's; others write ``out`` alone
         marks = cute.make_rmem_tensor(len(PHASES) + 1, Int64)
         began = Int64(0)
@@ -154,8 +181,10 @@ class ShortRowTopk(ShortDigits, ShortWrite):
         span = min(cols, src.shape[1])  # key columns: block keys hold one a block of columns
         if cutlass.const_expr(self.pinned):
             span = min((cols + block - 1) // block, src.shape[1])
-        run = (span + self.threads - 1) // self.threads  # <= per
+        run = (span + self.threads * self.ctas - 1) // (self.threads * self.ctas)  # <= per
         lo = warp * 32 * run + lane
+        if cutlass.const_expr(self.ctas > 1):  # the cluster's warps in rank order
+            lo = (rank * self.warps + warp) * 32 * run + lane
         keys = cute.make_rmem_tensor(self.per, Uint32)
         for i in cutlass.range_constexpr(self.per):
             keys[i] = Uint32(0)
@@ -183,7 +212,10 @@ class ShortRowTopk(ShortDigits, ShortWrite):
         staged = smem.allocate_tensor(Int32, cute.make_layout(TOPK_MAX_K + 1 if self.fused else 1), 16)
         if (n <= k) | (k <= 0):  # every valid id (block keys: then the newest), then -1; no key read
             kept = max(min(n, k), Int32(0))
-            for j in range(tid, o.out.shape[1], self.threads):
+            gid = tid  # this thread's place among the row's (a cluster's CTAs in rank order)
+            if cutlass.const_expr(self.ctas > 1):
+                gid = rank * self.threads + tid
+            for j in range(gid, o.out.shape[1], self.threads * self.ctas):
                 emit(o, src, row, first, j, cutlass.select_(j < kept, j, cutlass.select_(j == kept, newest, Int32(-1))),
                      self.fused, self.pinned)
         else:
@@ -193,7 +225,7 @@ class ShortRowTopk(ShortDigits, ShortWrite):
                     keys[i] = cutlass.select_((run > i) & (lo + 32 * i < n), source_key(x, self.source, False),
                                               Uint32(0))
             elif cutlass.const_expr(self.trim):
-                if (first != 0) | (end != run * self.threads):  # CTA-uniform: else every key read is valid
+                if (first != 0) | (end != run * self.threads * self.ctas):  # CTA-uniform: else every key read is valid
                     self.mask(keys, run, lo, first, end)
             else:
                 self.mask(keys, run, lo, first, end)
@@ -201,7 +233,8 @@ class ShortRowTopk(ShortDigits, ShortWrite):
             if tid == 0:
                 tail[GATHERED] = Uint32(0)
                 if cutlass.const_expr(self.pinned):  # after the k ranked blocks (now: nothing live across the select)
-                    emit(o, src, row, first, k, newest, self.fused, self.pinned)
+                    if rank == 0:  # a cluster's first CTA
+                        emit(o, src, row, first, k, newest, self.fused, self.pinned)
             cute.arch.sync_threads()
             self.mark(marks, "keys in")
 
@@ -215,7 +248,9 @@ class ShortRowTopk(ShortDigits, ShortWrite):
             else:
                 self.select(keys, run, k, hist, parts, info, tail, bounds, lo, first, row, o.out, staged, warp_sums,
                             tid, marks)
-            self.write_marks(o.out, marks, began, row, k, tid)
+            self.write_marks(o.out, marks, began, row, k, tid + rank * self.threads)
+            if cutlass.const_expr(self.ctas > 1):  # the others may read this CTA's shared memory until they arrive
+                cute.arch.cluster_wait()
             if cutlass.const_expr(self.fused):
                 cute.arch.sync_threads()
                 for j in range(tid, k, self.threads):  # n > k: k kept (clamped: memory-safe were one not staged)
@@ -252,7 +287,7 @@ class ShortRowTopk(ShortDigits, ShortWrite):
                 out[row, k + 1 + len(PHASES) + 1] = Int32(ended & Int64(0xFFFFFFFF))
 
 
-# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean, trim).
+# A catalog entry, and ``compiled``'s configuration: (source, pdl, threads, ord16, fused, lean, trim[, ctas]).
 def catalog(target) -> list[tuple]:
     """Every build ``launch.select`` takes, while the path is on (``SHORT_ROWS``), as
     programmatic dependents where ``pdl.enabled`` says so for the op each serves, lean where
@@ -262,18 +297,23 @@ def catalog(target) -> list[tuple]:
         return []
     sources = [(s, False, f) for s in (*TOPK_SCORES, BLOCK_KEYS) for f in (False, True)]
     sources += [(s, True, False) for s in DCP_SCORES]
-    return [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
-            for s, ord16, f in sources for threads in (THREADS, HALF)]
+    built = [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
+             for s, ord16, f in sources for threads in (THREADS, HALF)]
+    if clusters_for(HALF * PER, False):
+        built += [(s, pdl.enabled(pdl.for_keys(ord16)), HALF // c, ord16, False, True, True, c)
+                  for s, ord16, f in sources if not f for c in CLUSTER_SIZES]
+    return built
 
 
 @cached_kernel("topk_short_row", catalog)
 def compiled(source: torch.dtype, pdl: bool = False, threads: int = THREADS, ord16: bool = False,
-             fused: bool = False, lean: bool = False, trim: bool = False, profile: bool = False):
+             fused: bool = False, lean: bool = False, trim: bool = False, ctas: int = 1, profile: bool = False):
     """The short-row select for one source (a score dtype, or int32 block keys) in CTAs of
-    ``threads``, lean or not (``LEAN``), trimmed or not (``TRIM``), from fake tensors (no GPU
-    needed); ``profile``: with phase marks (``ShortRowTopk``; benchmarks/profile_short_row.py --phases)."""
+    ``threads``, lean or not (``LEAN``), trimmed or not (``TRIM``), a row over a cluster of ``ctas``
+    (``CLUSTER``), from fake tensors (no GPU needed); ``profile``: with phase marks (``ShortRowTopk``;
+    benchmarks/profile_short_row.py --phases)."""
     return build(ShortRowTopk(source, pdl, threads, ord16, fused, profile=profile, one_barrier=lean, ties_taken=lean,
-                              trim=trim), source)
+                              trim=trim, ctas=ctas), source)
 
 
 def build(topk: ShortRowTopk, source: torch.dtype):

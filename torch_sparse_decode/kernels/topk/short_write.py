@@ -1,5 +1,5 @@
 """The short-row select's output (a mixin of ``ShortRowTopk``: ``per``, ``warps``, ``fused``,
-``ties_taken``, ``trim``, ``mark``): the kept ids (keys > t and the first ``take`` keys == t) at
+``ties_taken``, ``trim``, ``ctas``, ``mark``): the kept ids (keys > t and the first ``take`` keys == t) at
 their places, in id order, with no sort.
 
 Id order is warp, then key, then lane: each warp counts its kept keys by ballots, one barrier
@@ -16,7 +16,7 @@ from cutlass import Int32, Uint32
 
 from ...limits import TOPK_MAX_K
 from ..cute import popc
-from .cluster import ballot_of
+from .cluster import ballot_of, cluster_sync, load_rank
 
 
 class ShortWrite:
@@ -40,6 +40,28 @@ class ShortWrite:
         self.mark(marks, "written")
 
     @cute.jit
+    def warps_below(self, warp_sums: cute.Tensor, lane: Int32, warp: Int32) -> Int32:
+        """``warp_sums`` summed over the warps before this one, once every warp has published its
+        own: in the CTA, or (``ctas`` > 1) over the cluster's CTAs in rank order, after which this
+        CTA reads no other's shared memory (its arrive; the kernel waits before it ends)."""
+        below = Int32(0)
+        if cutlass.const_expr(self.ctas > 1):
+            cluster_sync(self.ctas)
+            rank, _, _ = cute.arch.block_idx()
+            mine = rank * self.warps + warp
+            for q in cutlass.range_constexpr(-(-self.ctas * self.warps // 32)):
+                w = lane + 32 * q
+                if w < mine:
+                    below = below + load_rank(warp_sums, w % self.warps, w // self.warps)
+            below = cute.arch.warp_redux_sync(below, "add")
+            cute.arch.cluster_arrive_relaxed()
+        else:
+            cute.arch.sync_threads()
+            below = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)),
+                                              "add")
+        return below
+
+    @cute.jit
     def write_placed(self, keys: cute.Tensor, run: Int32, t: Uint32, lo: Int32, row: Int32, out: cute.Tensor,
                      staged: cute.Tensor, warp_sums: cute.Tensor, tid: Int32, marks: cute.Tensor):
         """Every key >= t at its place: one ballot a key gives its place among its warp's (kept in
@@ -57,9 +79,8 @@ class ShortWrite:
                 kept = kept + popc(votes)
         if lane == 0:
             warp_sums[warp] = kept
-        cute.arch.sync_threads()
+        base = self.warps_below(warp_sums, lane, warp)
         self.mark(marks, "counts")
-        base = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
         width = out.shape[1]
         if cutlass.const_expr(self.fused):
             width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
@@ -85,15 +106,14 @@ class ShortWrite:
                 counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
         if lane == 0:
             warp_sums[warp] = counts
-        cute.arch.sync_threads()
+        before = self.warps_below(warp_sums, lane, warp)
         self.mark(marks, "counts")
-        before = cute.arch.warp_redux_sync(cutlass.select_(lane < warp, warp_sums[lane % self.warps], Int32(0)), "add")
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
         width = out.shape[1]
         if cutlass.const_expr(self.fused):
             width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
-        if cutlass.const_expr(self.ties_taken):
+        if cutlass.const_expr(self.ties_taken and not self.trim):  # trim: the search said not every tie is kept
             total = cute.arch.warp_redux_sync(cutlass.select_(lane < self.warps, warp_sums[lane % self.warps],
                                                               Int32(0)), "add")
             if (total >> 16) == take:  # CTA-uniform; random rows: t is one key, and kept
