@@ -129,7 +129,7 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     if "short" in sections:
         saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
         try:
-            for width in (1000, 8193, short_row.SHORT_MAX):
+            for width in (1000, 8192, 8193, short_row.SHORT_MAX):  # 8192: a full HALF CTA (or cluster)
                 for dtype in TOPK_SCORES:
                     x = torch.randn(6, width + 1, generator=gen)[:, 1:]  # unaligned rows
                     x[1] = torch.arange(width).flip(0).float()
