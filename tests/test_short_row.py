@@ -116,15 +116,16 @@ def test_trimmed_builds_opt_in_and_built_as_asked(monkeypatch):
 
 def test_clusters_opt_in_and_built_as_asked(monkeypatch):
     """Clusters are off unless TORCH_SPARSE_DECODE_SHORT_CLUSTER=1 (not yet run on a GPU), and only
-    for trimmed builds of HALF threads' keys writing ids alone; a batch takes the largest cluster
-    whose CTAs all fit the SMs, HALF // CTAs threads each."""
+    with the trimmed builds, for ids alone; a batch takes the largest cluster whose CTAs all fit the
+    SMs, its width's threads // CTAs threads each."""
     assert short_row.CLUSTER == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1")
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     clustered = [c for c in short_row.catalog(None) if len(c) > 7]
-    assert {(c[2], c[7]) for c in clustered} == {(short_row.HALF // n, n) for n in short_row.CLUSTER_SIZES}
-    assert not any(c[4] for c in clustered) and len(clustered) == 2 * (4 + 2)  # scores, block keys, ord16
+    assert {(c[2], c[7]) for c in clustered} == {(threads // n, n) for n in short_row.CLUSTER_SIZES
+                                                 for threads in (short_row.HALF, short_row.THREADS)}
+    assert not any(c[4] for c in clustered) and len(clustered) == 2 * 2 * (4 + 2)  # scores, block keys, ord16
     configs = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: configs.append(config))
     for rows, width, fused in ((33, 8192, False), (34, 8192, False), (67, 8192, False), (8, 8193, False),
@@ -133,16 +134,16 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False,
                       raw=torch.empty(rows, 4, dtype=torch.int32) if fused else None)
     assert [(c[2], c[7] if len(c) > 7 else 1) for c in configs] == \
-        [(128, 4), (256, 2), (short_row.HALF, 1), (short_row.THREADS, 1), (short_row.HALF, 1)]
+        [(128, 4), (256, 2), (short_row.HALF, 1), (256, 4), (short_row.HALF, 1)]
     monkeypatch.setattr(short_row, "TRIM", False)
     assert not short_row.clusters_for(8192, False) and all(len(c) == 7 for c in short_row.catalog(None))
 
 
 @pytest.mark.parametrize("source,ord16", [(torch.float32, False), (torch.bfloat16, True), (torch.int32, False)])
 @pytest.mark.parametrize("ctas", short_row.CLUSTER_SIZES)
-def test_cluster_builds_compile_and_fit_sm90(source, ord16, ctas):
-    used = compiled_smem_bytes(short_row.compiled, source, False, short_row.HALF // ctas, ord16, False, True, True,
-                               ctas)
+@pytest.mark.parametrize("threads", [short_row.THREADS, short_row.HALF])
+def test_cluster_builds_compile_and_fit_sm90(source, ord16, ctas, threads):
+    used = compiled_smem_bytes(short_row.compiled, source, False, threads // ctas, ord16, False, True, True, ctas)
     assert used <= SM90_SMEM
 
 
@@ -407,7 +408,7 @@ def test_in_a_cuda_graph(short_rows):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 8, 33, 34])  # clusters of 4 up to 33 rows on 132 SMs, then of 2
-@pytest.mark.parametrize("width", [8192, 8191, 4097, 300])
+@pytest.mark.parametrize("width", [SHORT_MAX, 8193, 8192, 8191, 4097, 300])
 @pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "signed_zeros"])
 def test_few_rows(short_rows, rows, width, kind):
     """Batches of few rows (a cluster a row where ``short_row.CLUSTER``): k's edges and full rows,

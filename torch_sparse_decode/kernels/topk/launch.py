@@ -76,7 +76,7 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
         threads = short_row.threads_for(src.shape[1])
         ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(src.shape[1], fused) else 1
         if ctas > 1:
-            kernel = short_row.compiled(src.dtype, dependent, short_row.HALF // ctas, ord16, False, True, True, ctas)
+            kernel = short_row.compiled(src.dtype, dependent, threads // ctas, ord16, False, True, True, ctas)
         else:
             kernel = short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),
                                         short_row.trim_for(threads))

@@ -61,8 +61,8 @@ LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1"
 # trimmed (``ShortRowTopk(trim=True)``): fewer instructions a key where the SM's issue binds them.
 TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1"
 # Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_CLUSTER=1: on, with TRIM): a batch
-# of few rows of at most HALF * PER key columns spreads each row over a cluster of CTAS CTAs of HALF // CTAS
-# threads (``ShortRowTopk(ctas=...)``), so one row's select is not bound by one SM's issue.
+# of few rows spreads each row over a cluster of C CTAs of threads_for(columns) // C threads
+# (``ShortRowTopk(ctas=C)``), so one row's select is not bound by one SM's issue.
 CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1"
 CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
 
@@ -92,9 +92,9 @@ def trim_for(threads: int) -> bool:
 
 
 def clusters_for(key_cols: int, fused: bool) -> bool:
-    """Whether a batch may spread its rows over clusters (``CLUSTER``): trimmed builds of HALF
-    threads' keys, ids alone (a shape test)."""
-    return CLUSTER and not fused and threads_for(key_cols) == HALF and trim_for(HALF)
+    """Whether a batch may spread its rows over clusters (``CLUSTER``): trimmed builds, ids alone
+    (a shape test)."""
+    return CLUSTER and not fused and trim_for(HALF)
 
 
 def cluster_size(rows: int, sms: int) -> int:
@@ -299,9 +299,9 @@ def catalog(target) -> list[tuple]:
     sources += [(s, True, False) for s in DCP_SCORES]
     built = [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
              for s, ord16, f in sources for threads in (THREADS, HALF)]
-    if clusters_for(HALF * PER, False):
-        built += [(s, pdl.enabled(pdl.for_keys(ord16)), HALF // c, ord16, False, True, True, c)
-                  for s, ord16, f in sources if not f for c in CLUSTER_SIZES]
+    if clusters_for(SHORT_MAX, False):
+        built += [(s, pdl.enabled(pdl.for_keys(ord16)), threads // c, ord16, False, True, True, c)
+                  for s, ord16, f in sources if not f for threads in (THREADS, HALF) for c in CLUSTER_SIZES]
     return built
 
 
