@@ -12,12 +12,11 @@ What it buys depends on the kernel before, so the default is per op (``DEFAULT_O
 ``benchmarks/bench_pdl.py``: each op behind the kernel a runner has before it, in a CUDA graph.
 On an H100, ``moe_route`` after cuBLAS's router GEMM took 0.6-1.1 us a step less with it and the
 DCP pack 0.6-1.0 us less (its local select after the score GEMM, then the pack after our
-select). The router front after torch's residual add took 0.15-0.29 us more, and
-``indexer_topk`` after the score GEMM 0.01-0.14 us more. ``DEFAULT_ON`` is still empty: those two
-ops turn on there in the commit that records a GPU run of that default (what has run: every op
-with it, every op without it). ``TORCH_SPARSE_DECODE_PDL=1`` makes every op a programmatic
-dependent (for a runner whose kernels before ours let their dependents launch early, as ours do
-at their start); ``TORCH_SPARSE_DECODE_PDL=0`` makes none.
+select), so those two are on. The router front after torch's residual add took 0.15-0.29 us
+more, and ``indexer_topk`` after the score GEMM 0.01-0.14 us more, so those stay plain.
+``TORCH_SPARSE_DECODE_PDL=1`` makes every op a programmatic dependent (for a runner whose
+kernels before ours let their dependents launch early, as ours do at their start);
+``TORCH_SPARSE_DECODE_PDL=0`` makes none.
 
 The kernels read ``enabled(op)`` at each launch (and the catalogs when they are built), so a test
 or a benchmark flips ``ON`` in one place: True or False for every op, None for the defaults.
@@ -32,7 +31,7 @@ ROUTE = "moe_route"
 FRONT = "moe_gate_route"  # the router front and the split router GEMM
 TOPK = "topk"  # the top-k engine, the short-row select and the block-key pass
 DCP = "dcp"  # the DCP pack and its local select (ord16 keys)
-DEFAULT_ON: frozenset[str] = frozenset()  # next: {ROUTE, DCP}, measured faster with it (above)
+DEFAULT_ON: frozenset[str] = frozenset({ROUTE, DCP})  # measured faster with it (above)
 
 ON: bool | None = {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
 # Triton's CPU interpreter (TRITON_INTERPRET=1, read once, as Triton reads it) has no grid
