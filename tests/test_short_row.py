@@ -26,9 +26,8 @@ SHORT_MAX, THREADS = short_row.SHORT_MAX, short_row.THREADS
                 ids=["plain", "lean", "trim", "cluster"])
 def short_rows(monkeypatch, request):
     """This path on (the default, unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), in its plain builds, its
-    lean ones (the default: ``short_row.LEAN``), its trimmed lean ones (opt-in: ``short_row.TRIM``)
-    and, with those, a row over a cluster of CTAs where the batch's rows are few (opt-in:
-    ``short_row.CLUSTER``)."""
+    lean ones (``short_row.LEAN``), its trimmed lean ones (``short_row.TRIM``) and, with those, a
+    row over a cluster of CTAs where the batch's rows are few (``short_row.CLUSTER``: the default)."""
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
     monkeypatch.setattr(short_row, "LEAN", request.param[0])
     monkeypatch.setattr(short_row, "TRIM", request.param[1])
@@ -49,6 +48,7 @@ def test_compiles_and_fits_sm90(source, threads):
 def test_half_width_ctas_where_the_keys_fit(monkeypatch):
     """Key columns that fit HALF threads: HALF, at any number of rows; wider: THREADS."""
     half, full = short_row.HALF, short_row.THREADS
+    monkeypatch.setattr(short_row, "CLUSTER", False)  # one CTA a row, whatever the rows
     assert short_row.threads_for(half * short_row.PER) == half
     assert short_row.threads_for(half * short_row.PER + 1) == full
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
@@ -75,7 +75,8 @@ def test_on_by_default_and_off_not_built(monkeypatch):
                 for f in (False, True)} <= set(built)
     assert {(source, dcp, w, True, False, short_row.lean_for(w), short_row.trim_for(w)) for source in DCP_SCORES
             for w in widths} <= set(built)
-    assert len(built) == len(set(built)) == 2 * (2 * 4 + 2)
+    one_cta = [c for c in built if len(c) == 7]  # (clustered builds: test_clusters_opt_in_and_built_as_asked)
+    assert len(built) == len(set(built)) and len(one_cta) == 2 * (2 * 4 + 2)
 
 
 def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
@@ -83,6 +84,7 @@ def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
     unless TORCH_SPARSE_DECODE_SHORT_LEAN=0; the catalog and the launch follow ``lean_for``."""
     assert short_row.LEAN == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1")
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    monkeypatch.setattr(short_row, "CLUSTER", False)
     for lean in (False, True):
         monkeypatch.setattr(short_row, "LEAN", lean)
         assert {(config[2], config[5]) for config in short_row.catalog(None)} == \
@@ -96,10 +98,11 @@ def test_lean_builds_by_default_and_built_as_asked(monkeypatch):
 
 
 def test_trimmed_builds_opt_in_and_built_as_asked(monkeypatch):
-    """The trimmed lean builds are off unless TORCH_SPARSE_DECODE_SHORT_TRIM=1 (not yet run on a
-    GPU), and only where the lean builds are: the catalog and the launch follow ``trim_for``."""
-    assert short_row.TRIM == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1")
+    """The trimmed lean builds are on unless TORCH_SPARSE_DECODE_SHORT_TRIM=0, and only where the
+    lean builds are: the catalog and the launch follow ``trim_for``."""
+    assert short_row.TRIM == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "1") == "1")
     monkeypatch.setattr(short_row, "SHORT_ROWS", True)
+    monkeypatch.setattr(short_row, "CLUSTER", False)
     for lean, trim in ((True, False), (True, True), (False, True)):
         monkeypatch.setattr(short_row, "LEAN", lean)
         monkeypatch.setattr(short_row, "TRIM", trim)
@@ -115,10 +118,10 @@ def test_trimmed_builds_opt_in_and_built_as_asked(monkeypatch):
 
 
 def test_clusters_opt_in_and_built_as_asked(monkeypatch):
-    """Clusters are off unless TORCH_SPARSE_DECODE_SHORT_CLUSTER=1 (not yet run on a GPU), and only
-    with the trimmed builds, for ids alone; a batch takes the largest cluster whose CTAs all fit the
+    """Clusters are on unless TORCH_SPARSE_DECODE_SHORT_CLUSTER=0, and only with the trimmed
+    builds, for ids alone; a batch takes the largest cluster whose CTAs all fit the
     SMs, its width's threads // CTAs threads each."""
-    assert short_row.CLUSTER == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1")
+    assert short_row.CLUSTER == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1")
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)

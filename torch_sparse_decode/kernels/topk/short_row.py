@@ -57,13 +57,15 @@ SHORT_ROWS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_ROWS", "1") != "0"
 # On by default (TORCH_SPARSE_DECODE_SHORT_LEAN=0: the plain builds): the lean builds, rounds of one
 # barrier (``short_digits``) and the ties-taken write (``write_kept``). Read at each launch.
 LEAN = os.environ.get("TORCH_SPARSE_DECODE_SHORT_LEAN", "1") == "1"
-# Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_TRIM=1: on): the lean builds
-# trimmed (``ShortRowTopk(trim=True)``): fewer instructions a key where the SM's issue binds them.
-TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "0") == "1"
-# Off by default until it has run on a GPU (TORCH_SPARSE_DECODE_SHORT_CLUSTER=1: on, with TRIM): a batch
-# of few rows spreads each row over a cluster of C CTAs of threads_for(columns) // C threads
-# (``ShortRowTopk(ctas=C)``), so one row's select is not bound by one SM's issue.
-CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "0") == "1"
+# On by default (TORCH_SPARSE_DECODE_SHORT_TRIM=0: off): the lean builds trimmed
+# (``ShortRowTopk(trim=True)``): fewer instructions a key where the SM's issue binds them (H200: 5.82
+# against 7.76 us at 1 x 8K, 10.5 against 13.2 at 256 x 8K; docs/topk_engine.md).
+TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "1") == "1"
+# On by default, with TRIM (TORCH_SPARSE_DECODE_SHORT_CLUSTER=0: off): a batch of few rows spreads each
+# row over a cluster of C CTAs of threads_for(columns) // C threads (``ShortRowTopk(ctas=C)``), so one
+# row's select is not bound by one SM's issue (H200: 6.17 against 13.4 us at 1 x 16K, 5.50 against 5.82
+# trimmed at 1 x 8K).
+CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1"
 CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
 
 THREADS = 1024
