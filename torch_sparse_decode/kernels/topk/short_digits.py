@@ -11,13 +11,13 @@ of ``ShortRowTopk``: ``rounds``, ``tail_digits``, ``fill``, ``threads``, ``warps
   remaining rounds where it can be: a bin of at most TAIL keys (randn rows of 8K-16K: ~10-70) is
   gathered into shared memory and one warp ranks it; a longer one whose keys are all equal
   (all-equal, few-valued and ReLU'd rows) is t. Others take the rounds.
-- ``one_barrier`` (opt-in, ``short_row.LEAN``): rounds of one barrier. One 256-bin histogram for
+- ``one_barrier`` (the lean builds, ``short_row.LEAN``): rounds of one barrier. One 256-bin histogram for
   the CTA (a warp's atomics to one bin merge in one shared atomic; random bins meet in banks),
   three in turn, so the one a round counts into was cleared two rounds before, behind a barrier;
   after the round's barrier every warp reads it and finds the digit itself, the same in every
   warp: no sums of copies, no one-warp scan, no barrier after it. A bin of at most 32 keys is
   then ranked by every warp after the gather's barrier.
-- ``trim`` (opt-in, ``short_row.TRIM``; lean builds): the search also gives the keys equal to t
+- ``trim`` (the trimmed lean builds, ``short_row.TRIM``): the search also gives the keys equal to t
   (the rank counts them; past the last round, t's bin is its one value), so the write knows
   before it counts whether every tie is kept; the rank of a bin of at most 32 keys holds one key
   a lane, not four.
