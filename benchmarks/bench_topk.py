@@ -2,12 +2,14 @@
 one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the harness's method).
 
     python benchmarks/bench_topk.py [--quick] [--dtype float32|bfloat16|float16] [--results FILE]
-        [--tables main,windows,fused,short]
+        [--tables main,windows,fused,short,wide]
 
 ``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
 ``short``: decode's everyday rows (8K and 16K columns) through the engine and the one-CTA
 short-row path, switched in the same process, on random, ragged and tie-heavy rows, beside what a
-one-CTA kernel that reads each row and writes k ids (no select) takes.
+one-CTA kernel that reads each row and writes k ids (no select) takes; its rows of 32K and 64K
+columns take clusters of 4 and 8 CTAs (``short_row.WIDE``, switched on there). ``wide``: the
+other users' wide rows beside the engine (block selection at block size 8, the DCP pack).
 """
 
 from __future__ import annotations
@@ -133,7 +135,8 @@ def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> Non
 
 
 # The short-row bars (us) where the path's widths meet them: rows x width -> bar.
-SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 << 10): 12.0}
+SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 << 10): 12.0, (8, 32 << 10): 7.0,
+              (64, 32 << 10): 10.0, (256, 32 << 10): 24.0}
 
 
 def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
@@ -157,7 +160,7 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     topk = torch.ops.sparse_decode.indexer_topk
     times = {}
     for path in ("engine", "short"):
-        with switched(short_row, "SHORT_ROWS", path == "short"):
+        with switched(short_row, "SHORT_ROWS", path == "short"), switched(short_row, "WIDE", True):
             times[path] = graph_us(lambda i: topk(*sets[i % len(sets)], K, out))
     base = graph_us(lambda i: torch.topk(sets[i % len(sets)][0], K, dim=1).indices)
     floor = graph_us(lambda i: launch_read_floor(*sets[i % len(sets)], out))
@@ -166,6 +169,37 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
     table.add(named(f"{rows}x{width >> 10}K", dtype), kind, times["engine"], short,
               f"{times['engine'] / short:.2f}x", floor, base, bar or "",
               "" if bar is None else "yes" if short <= bar else "no")
+
+
+def bench_wide_users(table: Table, quick: bool) -> None:
+    """The short path's other users past SHORT_MAX key columns (``short_row.WIDE``), beside the
+    engine: block selection at block size 8 (128K-512K tokens: 16K-64K block keys) and the DCP
+    pack at W = 2 (the local select of 64K bf16 scores, ord16 keys, then the pack's writer)."""
+    from torch_sparse_decode import dcp
+    from torch_sparse_decode.kernels.topk import short_row
+    from torch_sparse_decode.ops.dcp import kernel as dcp_kernels
+
+    select = torch.ops.sparse_decode.select_candidate_blocks
+    for rows, width in [(8, 128 << 10), (8, 256 << 10)] + ([] if quick else [(64, 256 << 10), (8, 512 << 10)]):
+        sets = make_rows(rows, width)
+        out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+        times = []
+        for wide in (False, True):
+            with switched(short_row, "WIDE", wide):
+                times.append(graph_us(lambda i: select(*sets[i % len(sets)], 8, K, out)))
+        table.add("select_candidate_blocks bs=8", f"{rows}x{width >> 10}K", *times, f"{times[0] / times[1]:.2f}x",
+                  9.0 if (rows, width) == (8, 128 << 10) else "")
+    n = dcp.dcp_merge_local_topk(K, 2)
+    for rows in (1, 8) if quick else (1, 8, 32):
+        sets = make_rows(rows, 64 << 10, torch.bfloat16)
+        packed = torch.empty(rows, dcp.packed_row_words(n), dtype=torch.int32, device="cuda")
+        rescue = torch.empty(rows, dcp.packed_row_words(dcp.rescue_row_slots(K)), dtype=torch.int32, device="cuda")
+        times = []
+        for wide in (False, True):
+            with switched(short_row, "WIDE", wide):
+                times.append(graph_us(lambda i: dcp_kernels.dcp_pack(*sets[i % len(sets)], 2, 0, K, packed, rescue)))
+        table.add("dcp_pack W=2", f"{rows}x64K bf16", *times, f"{times[0] / times[1]:.2f}x",
+                  {1: 10.0, 32: 16.0}.get(rows, ""))
 
 
 def main() -> None:
@@ -193,10 +227,15 @@ def main() -> None:
                       ["shape", "rows", "engine (us)", "short path (us)", "speedup",
                        "read + k ids, no select (us)", "torch.topk (us)", "bar (us)", "meets bar"])
         for rows in (1, 8) if args.quick else (1, 8, 64, 256):
-            for width in (8 << 10, 16 << 10):
+            for width in (8 << 10, 16 << 10, 32 << 10, 64 << 10):
                 for kind in ("randn", "ragged", "ties"):
                     bench_short(short, rows, width, kind, dtype)
         short.emit(args.results)
+    if "wide" in tables:
+        wide = Table(f"the short path's wide rows (clusters of 4 and 8 CTAs) beside the engine, k={K}",
+                     ["op", "shape", "engine (us)", "wide rows (us)", "speedup", "bar (us)"])
+        bench_wide_users(wide, args.quick)
+        wide.emit(args.results)
     if "fused" in tables:
         fused = Table(f"indexer_topk_fused: KV slots + raw ids + values beside plain indexer_topk, k={K}",
                       ["op", "shape", "outputs", "fused (us)", "plain (us)", "difference (us)", "<= 0.5 us"])

@@ -188,11 +188,17 @@ CUTS = {"whole": short_row.ShortRowTopk, "launch only": LaunchOnly, "read only":
         "C4 x 128 trim": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, trim=True,
                                       ctas=4),
         "C4 x 256 x 8 trim": with_threads(short_row.ShortRowTopk, 256, one_barrier=True, ties_taken=True, per=8,
-                                          trim=True, ctas=4)}
+                                          trim=True, ctas=4),
+        # twice the CTAs a row (the portable cluster's most): a fourth of an 8K row's rounds and write a warp
+        "C8 x 64 trim": with_threads(short_row.ShortRowTopk, 64, one_barrier=True, ties_taken=True, trim=True,
+                                     ctas=8),
+        "C8 x 128 x 8 trim": with_threads(short_row.ShortRowTopk, 128, one_barrier=True, ties_taken=True, per=8,
+                                          trim=True, ctas=8)}
 # candidates: checked against the whole kernel's ids
 EXACT = ("branch-free count", "512 threads", "pdl", "512, branch-free", "512, ties-taken write", "512, both new",
          "one-barrier rounds", "512, one-barrier rounds", "512, lean", "lean", "256 x 32 lean", "128 x 64 lean",
-         "512, trim", "256 x 32 trim", "512 x 32 trim", "C2 x 256 trim", "C4 x 128 trim", "C4 x 256 x 8 trim")
+         "512, trim", "256 x 32 trim", "512 x 32 trim", "C2 x 256 trim", "C4 x 128 trim", "C4 x 256 x 8 trim",
+         "C8 x 64 trim", "C8 x 128 x 8 trim")
 
 
 def inputs(kind: str, rows: int, width: int):

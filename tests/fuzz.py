@@ -16,11 +16,12 @@ ord16 select + the B' writer), the one-round DCP merge of simulated ranks (again
 merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
 a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 16K columns take
-the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0): widths are drawn at its
-switch (16K - 1, 16K, 16K + 1) and lengths at the edges of its threads' runs.
+the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), and with its wide rows on,
+up to 64K over clusters: widths are drawn at its switches (16K, 32K and 64K, each +- 1) and
+lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
-lean builds, their trim and clusters, the warp routing, the split router GEMM, the front's bulk staging and
+lean builds, their trim, clusters and wide rows, the warp routing, the split router GEMM, the front's bulk staging and
 tensor-core GEMV: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
@@ -124,8 +125,10 @@ def draw_k(rng: random.Random) -> int:
 
 def draw_width(rng: random.Random, cap: int) -> int:
     r = rng.random()
-    if r < 0.05:  # at the short-row path's switch
-        return min(cap, tsd_short_row().SHORT_MAX + rng.choice([-1, 0, 1]))
+    if r < 0.05:  # at the short-row path's switches: one CTA or a cluster a row; 4 or 8 CTAs; the engine
+        short = tsd_short_row()
+        at = rng.choice([short.SHORT_MAX, 2 * short.SHORT_MAX, short.WIDE_MAX])
+        return min(cap, at + rng.choice([-1, 0, 1]))
     if r < 0.4:
         return log_uniform(rng, 1, min(cap, 20000))
     if r < 0.75:
@@ -139,7 +142,8 @@ def key_edges(rows: int, keys: int, k: int) -> list[int]:
     ranks = tsd_engine().cluster_size(rows, keys, sms())
     e = tsd_engine()
     edges = [-1, 0, 1, k - 1, k, k + 1, k + 2, keys - 1, keys, keys + 17]
-    edges += [m * tsd_short_row().THREADS + d for m in (1, 8, 16) for d in (-1, 0, 1)]  # the short path's runs
+    edges += [m * t + d for t in (tsd_short_row().THREADS, 2048, 4096) for m in (1, 8, 16)
+              for d in (-1, 0, 1)]  # the short path's runs: a CTA's, clusters of 4 and 8 (wide rows)
     for m in sorted({1, ranks}):
         for v in (e.TILE, e.ONE_READ_FROM, e.ONE_READ_FROM + e.TILE, e.STAGES * e.TILE, e.CAP, e.SPAN_PER_CTA, k):
             edges += [m * v - 1, m * v, m * v + 1]
@@ -467,7 +471,7 @@ def opt_in_switches():
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
-            (tsd_short_row(), "CLUSTER", "short_cluster"),
+            (tsd_short_row(), "CLUSTER", "short_cluster"), (tsd_short_row(), "WIDE", "short_wide"),
             (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
             (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 

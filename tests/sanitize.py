@@ -123,13 +123,15 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
             expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
                    oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
-    # The one-CTA short-row select (kernels/topk/short_row.py), switched on here.
+    # The short-row select (kernels/topk/short_row.py), switched on here; its wide rows where
+    # TORCH_SPARSE_DECODE_SHORT_WIDE=1.
     from torch_sparse_decode.kernels.topk import short_row
 
     if "short" in sections:
         saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
         try:
-            for width in (1000, 8192, 8193, short_row.SHORT_MAX):  # 8192: a full HALF CTA (or cluster)
+            wide = (short_row.SHORT_MAX + 1, 2 * short_row.SHORT_MAX + 1, short_row.WIDE_MAX) if short_row.WIDE else ()
+            for width in (1000, 8192, 8193, short_row.SHORT_MAX, *wide):  # 8192: a full HALF CTA (or cluster)
                 for dtype in TOPK_SCORES:
                     x = torch.randn(6, width + 1, generator=gen)[:, 1:]  # unaligned rows
                     x[1] = torch.arange(width).flip(0).float()

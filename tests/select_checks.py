@@ -62,15 +62,16 @@ def check_fused_block_table(k):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
 
 
-def check_ord16(dtype, kind, k, width):
+def check_ord16(dtype, kind, k, width, edges=None):
     """The DCP pack's local select: scores ranked by their bf16 ord16 (fp32 rounded to nearest
     even), ties to the lower id, ids ascending (the pack's reference); on the GPU through the
-    engine's entry, which the pack calls."""
+    engine's entry, which the pack calls. ``edges(k, width)``: the rows' lengths (by default
+    ``test_short_row.edge_lengths``)."""
     from dcp_cases import ascending_local_topk
     from test_short_row import edge_lengths
     from torch_sparse_decode.kernels.topk import launch
 
-    lengths = edge_lengths(k, width)
+    lengths = (edges or edge_lengths)(k, width)
     x = scores(kind, (lengths.numel(), width), seed=k).to(dtype)
     out = poisoned((x.shape[0], k), torch.int32, "cuda")
     launch.select_ord16(x.cuda(), lengths.cuda(), k, out)

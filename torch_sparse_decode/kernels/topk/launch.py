@@ -43,12 +43,12 @@ def _none(like: torch.Tensor) -> torch.Tensor:
     return _NONE[key]
 
 
-def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool) -> bool:
-    """Whether a batch takes the one-CTA short-row select (unless ``short_row.SHORT_ROWS`` is off):
-    rows of at most SHORT_MAX key columns of scores (ranked by their bits, or by their ord16 where
-    the DCP pack's scores) or block keys (``pinned``), with or without the fused outputs. A shape
-    test, the same in every replay."""
-    if not short_row.SHORT_ROWS or src.shape[1] > short_row.SHORT_MAX:
+def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool = False) -> bool:
+    """Whether a batch takes the short-row select (unless ``short_row.SHORT_ROWS`` is off): rows of
+    at most SHORT_MAX key columns (WIDE_MAX where ``short_row.widest`` says so) of scores (ranked by
+    their bits, or by their ord16 where the DCP pack's scores) or block keys (``pinned``), with or
+    without the fused outputs. A shape test, the same in every replay."""
+    if not short_row.SHORT_ROWS or src.shape[1] > short_row.widest(fused):
         return False
     if pinned:
         return src.dtype is BLOCK_KEYS
@@ -72,10 +72,13 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     dependent = pdl.enabled(pdl.for_keys(ord16))
-    if takes_short_row(src, pinned, ord16):
+    if takes_short_row(src, pinned, ord16, fused):
         threads = short_row.threads_for(src.shape[1])
-        ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(src.shape[1], fused) else 1
-        if ctas > 1:
+        ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(fused) else 1
+        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster of HALF CTAs, whatever the rows
+            kernel = short_row.compiled(src.dtype, dependent, short_row.HALF, ord16, False, True, True,
+                                        short_row.wide_ctas(src.shape[1]))
+        elif ctas > 1:
             kernel = short_row.compiled(src.dtype, dependent, threads // ctas, ord16, False, True, True, ctas)
         else:
             kernel = short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),

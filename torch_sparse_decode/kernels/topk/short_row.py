@@ -67,6 +67,10 @@ TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "1") == "1"
 # trimmed at 1 x 8K).
 CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1"
 CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
+# Off by default until its GPU run (TORCH_SPARSE_DECODE_SHORT_WIDE=1: on), with CLUSTER: rows of more than
+# SHORT_MAX key columns, up to WIDE_MAX, over a cluster of WIDE_SIZES CTAs of HALF threads (``wide_ctas``),
+# at any number of rows, where the engine takes its fixed chain of digit searches through the ring.
+WIDE = os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1"
 
 THREADS = 1024
 SHORT_MAX = THREADS * PER  # the most key columns the path takes
@@ -74,6 +78,8 @@ SHORT_MAX = THREADS * PER  # the most key columns the path takes
 # histogram sum (H100, 1 x 8K: 8.9 us against 10.7 at THREADS), and two fit an SM (64 registers a
 # thread), so past the SMs one CTA's barriers and one-warp scans hide under the other's work.
 HALF = THREADS // 2
+WIDE_SIZES = (4, 8)  # CTAs of HALF threads a wide row: 32K key columns, then 64K (8: the portable cluster's most)
+WIDE_MAX = WIDE_SIZES[-1] * HALF * PER
 
 
 def threads_for(key_cols: int) -> int:
@@ -93,10 +99,21 @@ def trim_for(threads: int) -> bool:
     return TRIM and lean_for(threads)
 
 
-def clusters_for(key_cols: int, fused: bool) -> bool:
+def clusters_for(fused: bool) -> bool:
     """Whether a batch may spread its rows over clusters (``CLUSTER``): trimmed builds, ids alone
     (a shape test)."""
     return CLUSTER and not fused and trim_for(HALF)
+
+
+def widest(fused: bool) -> int:
+    """The most key columns a batch may have to take this path: WIDE_MAX where wide rows are on
+    (``WIDE``, with the clusters), else SHORT_MAX."""
+    return WIDE_MAX if WIDE and clusters_for(fused) else SHORT_MAX
+
+
+def wide_ctas(key_cols: int) -> int:
+    """CTAs of HALF threads a row of ``key_cols`` > SHORT_MAX key columns takes (a shape test)."""
+    return next(c for c in WIDE_SIZES if key_cols <= c * HALF * PER)
 
 
 def cluster_size(rows: int, sms: int) -> int:
@@ -301,9 +318,12 @@ def catalog(target) -> list[tuple]:
     sources += [(s, True, False) for s in DCP_SCORES]
     built = [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
              for s, ord16, f in sources for threads in (THREADS, HALF)]
-    if clusters_for(SHORT_MAX, False):
+    if clusters_for(False):
         built += [(s, pdl.enabled(pdl.for_keys(ord16)), threads // c, ord16, False, True, True, c)
                   for s, ord16, f in sources if not f for threads in (THREADS, HALF) for c in CLUSTER_SIZES]
+    if widest(False) > SHORT_MAX:
+        built += [(s, pdl.enabled(pdl.for_keys(ord16)), HALF, ord16, False, True, True, c)
+                  for s, ord16, f in sources if not f for c in WIDE_SIZES]
     return built
 
 

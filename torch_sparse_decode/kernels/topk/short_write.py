@@ -100,7 +100,7 @@ class ShortWrite:
         """``write_kept`` from each warp's counts of keys > t and == t."""
         lane, warp = tid % 32, tid // 32
         below = Uint32(cute.arch.lanemask_lt())
-        counts = Int32(0)  # keys > t (low 16 bits) and == t (high): the CTA's sums are < 2**16
+        counts = Int32(0)  # keys > t (low 16 bits, < k) and == t (high): the sums below a warp are < 2**16
         for i in cutlass.range_constexpr(self.per):
             if run > i:
                 counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
@@ -110,6 +110,8 @@ class ShortWrite:
         self.mark(marks, "counts")
         kept_before = before & Int32(0xFFFF)
         tied_before = before >> 16
+        if cutlass.const_expr(self.ctas * self.threads * self.per > 1 << 15):  # a wide row's 2**15 ties and more
+            tied_before = Int32(Uint32(before) >> Uint32(16))
         width = out.shape[1]
         if cutlass.const_expr(self.fused):
             width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
