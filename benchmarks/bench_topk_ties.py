@@ -1,6 +1,6 @@
 """The top-k ops on tie-heavy rows, beside the same shape on randn rows, in CUDA graphs (the harness's method).
 
-    python benchmarks/bench_topk_ties.py [--quick] [--results FILE]
+    python benchmarks/bench_topk_ties.py [--quick | --short] [--results FILE]
 
 Distributions: rows where thousands of keys share a value or a coarse bin (CUDA-graph padding
 rows, ReLU'd indexer scores, narrow distributions). The engine's bar: every one within 1.3x of
@@ -55,8 +55,12 @@ def bench(op: str, rows: int, width: int, name: str, block_size: int = 8) -> flo
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
-    shapes = [("indexer_topk", 8, 128 << 10)] if args.quick else [
+    cli = parser(__doc__)
+    cli.add_argument("--short", action="store_true", help="decode's everyday rows instead: 1-256 x 8K, 8-256 x 32K")
+    args = cli.parse_args()
+    everyday = [("indexer_topk", rows, 8 << 10) for rows in (1, 8, 64, 256)] + \
+        [("indexer_topk", rows, 32 << 10) for rows in (8, 64, 256)]
+    shapes = everyday if args.short else [("indexer_topk", 8, 128 << 10)] if args.quick else [
         ("indexer_topk", 8, 128 << 10), ("indexer_topk", 64, 128 << 10), ("indexer_topk", 8, 1 << 20),
         ("indexer_topk", 64, 1 << 20), ("select_candidate_blocks bs=8", 8, 128 << 10),
         ("select_candidate_blocks bs=8", 8, 1 << 20)]
