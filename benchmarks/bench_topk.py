@@ -7,7 +7,7 @@ one-read floor (valid bytes / measured copy bandwidth), all in CUDA graphs (the 
 ``--dtype``: the scores' / logits' dtype (the floor counts its bytes; the baselines run on it too).
 ``short``: decode's everyday rows (8K and 16K columns) through the engine and the one-CTA
 short-row path, switched in the same process, on random, ragged and tie-heavy rows, beside what a
-one-CTA kernel that reads each row and writes k ids (no select) takes; its rows of 32K and 64K
+one-CTA kernel that reads each row and writes k ids (no select) takes; its rows of 32K to 128K
 columns take clusters of 4 and 8 CTAs (``short_row.WIDE``, switched on there). ``wide``: the
 other users' wide rows beside the engine (block selection at block size 8, the DCP pack).
 """
@@ -136,7 +136,8 @@ def bench_fused(table: Table, rows: int, width: int, page_size: int = 64) -> Non
 
 # The short-row bars (us) where the path's widths meet them: rows x width -> bar.
 SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 << 10): 12.0, (8, 32 << 10): 7.0,
-              (64, 32 << 10): 10.0, (256, 32 << 10): 24.0}
+              (64, 32 << 10): 10.0, (256, 32 << 10): 24.0, (1, 128 << 10): 10.0, (8, 128 << 10): 10.0,
+              (64, 128 << 10): 16.0}
 
 
 def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
@@ -227,7 +228,7 @@ def main() -> None:
                       ["shape", "rows", "engine (us)", "short path (us)", "speedup",
                        "read + k ids, no select (us)", "torch.topk (us)", "bar (us)", "meets bar"])
         for rows in (1, 8) if args.quick else (1, 8, 64, 256):
-            for width in (8 << 10, 16 << 10, 32 << 10, 64 << 10):
+            for width in (8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10)[: 4 if rows > 64 else None]:
                 for kind in ("randn", "ragged", "ties"):
                     bench_short(short, rows, width, kind, dtype)
         short.emit(args.results)

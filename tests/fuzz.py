@@ -17,7 +17,7 @@ merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 /
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
 a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 16K columns take
 the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), and with its wide rows on,
-up to 64K over clusters: widths are drawn at its switches (16K, 32K and 64K, each +- 1) and
+up to 128K over clusters: widths are drawn at its switches (16K, 32K, 64K and 128K, each +- 1) and
 lengths at the edges of its threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
@@ -127,7 +127,7 @@ def draw_width(rng: random.Random, cap: int) -> int:
     r = rng.random()
     if r < 0.05:  # at the short-row path's switches: one CTA or a cluster a row; 4 or 8 CTAs; the engine
         short = tsd_short_row()
-        at = rng.choice([short.SHORT_MAX, 2 * short.SHORT_MAX, short.WIDE_MAX])
+        at = rng.choice([short.SHORT_MAX, 2 * short.SHORT_MAX, 4 * short.SHORT_MAX, short.WIDE_MAX])
         return min(cap, at + rng.choice([-1, 0, 1]))
     if r < 0.4:
         return log_uniform(rng, 1, min(cap, 20000))
@@ -142,8 +142,8 @@ def key_edges(rows: int, keys: int, k: int) -> list[int]:
     ranks = tsd_engine().cluster_size(rows, keys, sms())
     e = tsd_engine()
     edges = [-1, 0, 1, k - 1, k, k + 1, k + 2, keys - 1, keys, keys + 17]
-    edges += [m * t + d for t in (tsd_short_row().THREADS, 2048, 4096) for m in (1, 8, 16)
-              for d in (-1, 0, 1)]  # the short path's runs: a CTA's, clusters of 4 and 8 (wide rows)
+    edges += [m * t + d for t in (tsd_short_row().THREADS, 2048, 4096, 8192) for m in (1, 8, 16)
+              for d in (-1, 0, 1)]  # the short path's runs: a CTA's, the wide rows' clusters
     for m in sorted({1, ranks}):
         for v in (e.TILE, e.ONE_READ_FROM, e.ONE_READ_FROM + e.TILE, e.STAGES * e.TILE, e.CAP, e.SPAN_PER_CTA, k):
             edges += [m * v - 1, m * v, m * v + 1]

@@ -130,7 +130,8 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
     if "short" in sections:
         saved, short_row.SHORT_ROWS = short_row.SHORT_ROWS, True
         try:
-            wide = (short_row.SHORT_MAX + 1, 2 * short_row.SHORT_MAX + 1, short_row.WIDE_MAX) if short_row.WIDE else ()
+            wide = (short_row.SHORT_MAX + 1, 2 * short_row.SHORT_MAX + 1, 4 * short_row.SHORT_MAX + 1,
+                    short_row.WIDE_MAX) if short_row.WIDE else ()
             for width in (1000, 8192, 8193, short_row.SHORT_MAX, *wide):  # 8192: a full HALF CTA (or cluster)
                 for dtype in TOPK_SCORES:
                     x = torch.randn(6, width + 1, generator=gen)[:, 1:]  # unaligned rows

@@ -144,24 +144,28 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
 
 def test_wide_rows_opt_in_and_built_as_asked(monkeypatch):
     """Wide rows are off unless TORCH_SPARSE_DECODE_SHORT_WIDE=1, and only with the clusters, for
-    ids alone: rows of up to 32K key columns take clusters of 4 HALF CTAs, up to 64K of 8, at any
-    number of rows; wider ones, and the fused outputs past SHORT_MAX, take the engine."""
+    ids alone: rows of up to 32K key columns take clusters of 4 HALF CTAs, up to 64K of 8, up to
+    128K of 8 THREADS CTAs, at any number of rows; wider ones, and the fused outputs past
+    SHORT_MAX, take the engine."""
     assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1")
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-    wide = [c for c in short_row.catalog(None) if len(c) > 7 and c[2] == short_row.HALF and c[7] in (4, 8)]
-    assert len(wide) == 2 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
-    assert short_row.WIDE_MAX == 8 * short_row.HALF * short_row.PER == 4 * SHORT_MAX
+    builds = {(c[7], c[2]) for c in short_row.catalog(None) if len(c) > 7}
+    assert builds >= set(short_row.WIDE_BUILDS)
+    wide = [c for c in short_row.catalog(None) if len(c) > 7 and (c[7], c[2]) in short_row.WIDE_BUILDS]
+    assert len(wide) == 3 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
+    assert short_row.WIDE_MAX == 8 * short_row.THREADS * short_row.PER == 8 * SHORT_MAX
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append(config))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     for rows, width in ((1, SHORT_MAX + 1), (500, 2 * SHORT_MAX), (1, 2 * SHORT_MAX + 1), (500, 4 * SHORT_MAX),
-                        (1, 4 * SHORT_MAX + 1)):
+                        (1, 4 * SHORT_MAX + 1), (300, 8 * SHORT_MAX), (1, 8 * SHORT_MAX + 1)):
         launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
+    half, full = short_row.HALF, short_row.THREADS
     assert [c if c == "engine" else (c[2], c[7]) for c in taken] == \
-        [(short_row.HALF, 4), (short_row.HALF, 4), (short_row.HALF, 8), (short_row.HALF, 8), "engine"]
+        [(half, 4), (half, 4), (half, 8), (half, 8), (full, 8), (full, 8), "engine"]
     batch = routed(taken)
     assert batch(SHORT_MAX + 1, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
     assert batch(SHORT_MAX + 1, torch.bfloat16, ord16=True) != "engine"
@@ -181,10 +185,12 @@ def test_cluster_builds_compile_and_fit_sm90(source, ord16, ctas, threads):
 
 
 @pytest.mark.parametrize("source,ord16", [(torch.float32, False), (torch.bfloat16, True), (torch.int32, False)])
-@pytest.mark.parametrize("ctas", short_row.WIDE_SIZES)
-def test_wide_builds_compile_and_fit_sm90(source, ord16, ctas):
-    used = compiled_smem_bytes(short_row.compiled, source, False, short_row.HALF, ord16, False, True, True, ctas)
-    assert 2 * (used + 1024) <= SM90_SM_SMEM
+@pytest.mark.parametrize("ctas,threads", short_row.WIDE_BUILDS)
+def test_wide_builds_compile_and_fit_sm90(source, ord16, ctas, threads):
+    used = compiled_smem_bytes(short_row.compiled, source, False, threads, ord16, False, True, True, ctas)
+    assert used <= SM90_SMEM
+    if threads == short_row.HALF:  # two an SM
+        assert 2 * (used + 1024) <= SM90_SM_SMEM
 
 
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int32])
@@ -471,7 +477,8 @@ def wide_rows(monkeypatch):
 
 def wide_lengths(k: int, width: int) -> torch.Tensor:
     """k's edges, the width's, and the runs' at the cluster's threads (n = threads * m +- 1)."""
-    threads = short_row.wide_ctas(width) * short_row.HALF
+    ctas, threads = short_row.wide_build(width)
+    threads *= ctas
     values = [-3, 0, 1, k - 1, k, k + 1, width - 1, width, width + 9, SHORT_MAX, SHORT_MAX + 1]
     values += [threads * m + d for m in (1, 2, 8, 15, 16) for d in (-1, 0, 1)]
     return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
@@ -481,7 +488,8 @@ def wide_lengths(k: int, width: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed", "inf_mixed", "signed_zeros",
                                   "relu_zeros"])
 @pytest.mark.parametrize("k,width", [(1, SHORT_MAX + 1), (2048, 2 * SHORT_MAX - 1), (4096, 2 * SHORT_MAX),
-                                     (2048, 2 * SHORT_MAX + 1), (64, 3 * SHORT_MAX), (2048, 4 * SHORT_MAX)])
+                                     (2048, 2 * SHORT_MAX + 1), (64, 3 * SHORT_MAX), (2048, 4 * SHORT_MAX),
+                                     (2048, 4 * SHORT_MAX + 1), (4096, 8 * SHORT_MAX)])
 def test_wide_rows(wide_rows, kind, k, width):
     """Rows over clusters of 4 and 8 CTAs: k's, the runs' and the width's edges, every kind."""
     lengths = wide_lengths(k, width)
@@ -489,11 +497,11 @@ def test_wide_rows(wide_rows, kind, k, width):
 
 
 @pytest.mark.gpu
-def test_wide_rows_of_one_value(wide_rows):
-    """A 64K row of one value keeps its lowest k ids: more than 2**15 ties precede the last warps'
-    (the counts' high halves, read unsigned)."""
-    width = 4 * SHORT_MAX
-    lengths = torch.tensor([width, width - 1, width - 33, 2 * SHORT_MAX + 1], dtype=torch.int32)
+@pytest.mark.parametrize("width", [4 * SHORT_MAX, 8 * SHORT_MAX])
+def test_wide_rows_of_one_value(wide_rows, width):
+    """A 64K or 128K row of one value keeps its lowest k ids: 2**15 to 2**17 ties precede the last
+    warps' (the counts' ties in 19 bits)."""
+    lengths = torch.tensor([width, width - 1, width - 33, width // 2 + 1], dtype=torch.int32)
     for k in (1, 2048, 4096):
         check(torch.full((lengths.numel(), width), 0.5), lengths, k)
 
@@ -501,9 +509,9 @@ def test_wide_rows_of_one_value(wide_rows):
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", [1, 7, 33, 200])
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
-def test_wide_batches(wide_rows, rows, dtype):
+@pytest.mark.parametrize("width", [2 * SHORT_MAX + 5, 6 * SHORT_MAX + 5])
+def test_wide_batches(wide_rows, rows, dtype, width):
     """Batches of more clusters than the SMs hold at once, every dtype, windowed too."""
-    width = 2 * SHORT_MAX + 5
     lengths = wide_lengths(2048, width)
     lengths = lengths.repeat(-(-rows // lengths.numel()))[:rows]
     each = -(-rows // len(KINDS))
@@ -514,8 +522,8 @@ def test_wide_batches(wide_rows, rows, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["random", "all_equal", "nan_mixed"])
-def test_wide_windows(wide_rows, kind):
-    width = 4 * SHORT_MAX
+@pytest.mark.parametrize("width", [4 * SHORT_MAX, 8 * SHORT_MAX])
+def test_wide_windows(wide_rows, kind, width):
     starts, ends = window_edges(2048, width - 50)
     x = scores(kind, (starts.numel(), width), seed=4)
     col = torch.arange(width)
@@ -534,10 +542,10 @@ def test_wide_rows_the_same_ids_as_the_engine(wide_rows, monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["random", "all_equal", "few_distinct", "nan_mixed"])
-@pytest.mark.parametrize("block,k", [(8, 2048), (8, 1), (16, 512)])
-def test_wide_block_keys(wide_rows, kind, block, k):
-    """select_candidate_blocks over 16K-64K block keys: the newest block pinned after the best k - 1."""
-    width = 4 * SHORT_MAX * block - 3
+@pytest.mark.parametrize("block,k,wide", [(8, 2048, 4), (8, 1, 4), (16, 512, 4), (8, 2048, 8)])
+def test_wide_block_keys(wide_rows, kind, block, k, wide):
+    """select_candidate_blocks over 16K-128K block keys: the newest block pinned after the best k - 1."""
+    width = wide * SHORT_MAX * block - 3
     keys = -(-width // block)
     lengths = torch.tensor(sorted({min(v * block, width) for v in (0, k, k + 1, SHORT_MAX + 1, keys // 2 + 7, keys)}),
                            dtype=torch.int32)
@@ -547,7 +555,7 @@ def test_wide_block_keys(wide_rows, kind, block, k):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DCP_SCORES)
 @pytest.mark.parametrize("kind", ["random", "bf16_plateau", "all_equal", "nan_mixed", "signed_zeros"])
-@pytest.mark.parametrize("k,width", [(2048, 4 * SHORT_MAX), (1024, 2 * SHORT_MAX + 1)])
+@pytest.mark.parametrize("k,width", [(2048, 4 * SHORT_MAX), (1024, 2 * SHORT_MAX + 1), (2048, 8 * SHORT_MAX)])
 def test_wide_ord16_keys(wide_rows, dtype, kind, k, width):
-    """The DCP pack's local select at 64K keys a rank (one cluster of 8 a row)."""
+    """The DCP pack's local select at 32K-128K keys a rank (one cluster of 4 or 8 a row)."""
     select_checks.check_ord16(dtype, kind, k, width, wide_lengths)

@@ -75,9 +75,9 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     if takes_short_row(src, pinned, ord16, fused):
         threads = short_row.threads_for(src.shape[1])
         ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(fused) else 1
-        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster of HALF CTAs, whatever the rows
-            kernel = short_row.compiled(src.dtype, dependent, short_row.HALF, ord16, False, True, True,
-                                        short_row.wide_ctas(src.shape[1]))
+        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster a row, whatever the rows
+            ctas, threads = short_row.wide_build(src.shape[1])
+            kernel = short_row.compiled(src.dtype, dependent, threads, ord16, False, True, True, ctas)
         elif ctas > 1:
             kernel = short_row.compiled(src.dtype, dependent, threads // ctas, ord16, False, True, True, ctas)
         else:

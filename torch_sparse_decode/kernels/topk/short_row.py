@@ -68,8 +68,8 @@ TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "1") == "1"
 CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1"
 CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
 # Off by default until its GPU run (TORCH_SPARSE_DECODE_SHORT_WIDE=1: on), with CLUSTER: rows of more than
-# SHORT_MAX key columns, up to WIDE_MAX, over a cluster of WIDE_SIZES CTAs of HALF threads (``wide_ctas``),
-# at any number of rows, where the engine takes its fixed chain of digit searches through the ring.
+# SHORT_MAX key columns, up to WIDE_MAX, over a cluster of CTAs (``WIDE_BUILDS``, ``wide_build``), at any
+# number of rows, where the engine takes its fixed chain of digit searches through the ring.
 WIDE = os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1"
 
 THREADS = 1024
@@ -78,8 +78,10 @@ SHORT_MAX = THREADS * PER  # the most key columns the path takes
 # histogram sum (H100, 1 x 8K: 8.9 us against 10.7 at THREADS), and two fit an SM (64 registers a
 # thread), so past the SMs one CTA's barriers and one-warp scans hide under the other's work.
 HALF = THREADS // 2
-WIDE_SIZES = (4, 8)  # CTAs of HALF threads a wide row: 32K key columns, then 64K (8: the portable cluster's most)
-WIDE_MAX = WIDE_SIZES[-1] * HALF * PER
+# A wide row's (CTAs, threads a CTA): 32K key columns, 64K, then 128K (8: the portable cluster's most; CTAs
+# of THREADS fill an SM's registers, one an SM)
+WIDE_BUILDS = ((4, HALF), (8, HALF), (8, THREADS))
+WIDE_MAX = WIDE_BUILDS[-1][0] * WIDE_BUILDS[-1][1] * PER
 
 
 def threads_for(key_cols: int) -> int:
@@ -111,9 +113,9 @@ def widest(fused: bool) -> int:
     return WIDE_MAX if WIDE and clusters_for(fused) else SHORT_MAX
 
 
-def wide_ctas(key_cols: int) -> int:
-    """CTAs of HALF threads a row of ``key_cols`` > SHORT_MAX key columns takes (a shape test)."""
-    return next(c for c in WIDE_SIZES if key_cols <= c * HALF * PER)
+def wide_build(key_cols: int) -> tuple[int, int]:
+    """(CTAs, threads a CTA) a row of ``key_cols`` > SHORT_MAX key columns takes (a shape test)."""
+    return next((c, t) for c, t in WIDE_BUILDS if key_cols <= c * t * PER)
 
 
 def cluster_size(rows: int, sms: int) -> int:
@@ -322,8 +324,8 @@ def catalog(target) -> list[tuple]:
         built += [(s, pdl.enabled(pdl.for_keys(ord16)), threads // c, ord16, False, True, True, c)
                   for s, ord16, f in sources if not f for threads in (THREADS, HALF) for c in CLUSTER_SIZES]
     if widest(False) > SHORT_MAX:
-        built += [(s, pdl.enabled(pdl.for_keys(ord16)), HALF, ord16, False, True, True, c)
-                  for s, ord16, f in sources if not f for c in WIDE_SIZES]
+        built += [(s, pdl.enabled(pdl.for_keys(ord16)), t, ord16, False, True, True, c)
+                  for s, ord16, f in sources if not f for c, t in WIDE_BUILDS]
     return built
 
 

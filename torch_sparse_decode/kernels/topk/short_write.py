@@ -19,6 +19,10 @@ from ..cute import popc
 from .cluster import ballot_of, cluster_sync, load_rank
 
 
+WIDE_SHIFT = 13  # keys > t number fewer than k <= TOPK_MAX_K < 2**13; ties, at most WIDE_MAX < 2**18
+assert TOPK_MAX_K < 1 << WIDE_SHIFT
+
+
 class ShortWrite:
     """Writing the kept ids (see the module docstring)."""
 
@@ -100,25 +104,26 @@ class ShortWrite:
         """``write_kept`` from each warp's counts of keys > t and == t."""
         lane, warp = tid % 32, tid // 32
         below = Uint32(cute.arch.lanemask_lt())
-        counts = Int32(0)  # keys > t (low 16 bits, < k) and == t (high): the sums below a warp are < 2**16
+        # keys > t (the low bits, < k) and == t (the high): 16 and 16, or a wide row's (more than 2**15
+        # keys: its ties' sums need more) 13 and 19
+        shift = 16 if self.ctas * self.threads * self.per <= 1 << 15 else WIDE_SHIFT
+        counts = Int32(0)
         for i in cutlass.range_constexpr(self.per):
             if run > i:
-                counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << 16)
+                counts = counts + popc(ballot_of(keys[i] > t)) + (popc(ballot_of(keys[i] == t)) << shift)
         if lane == 0:
             warp_sums[warp] = counts
         before = self.warps_below(warp_sums, lane, warp)
         self.mark(marks, "counts")
-        kept_before = before & Int32(0xFFFF)
-        tied_before = before >> 16
-        if cutlass.const_expr(self.ctas * self.threads * self.per > 1 << 15):  # a wide row's 2**15 ties and more
-            tied_before = Int32(Uint32(before) >> Uint32(16))
+        kept_before = before & Int32((1 << shift) - 1)
+        tied_before = before >> shift
         width = out.shape[1]
         if cutlass.const_expr(self.fused):
             width = min(width, Int32(TOPK_MAX_K + 1))  # the staging's size
         if cutlass.const_expr(self.ties_taken and not self.trim):  # trim: the search said not every tie is kept
             total = cute.arch.warp_redux_sync(cutlass.select_(lane < self.warps, warp_sums[lane % self.warps],
                                                               Int32(0)), "add")
-            if (total >> 16) == take:  # CTA-uniform; random rows: t is one key, and kept
+            if (total >> shift) == take:  # CTA-uniform; random rows: t is one key, and kept
                 self.write_at_least(keys, run, t, kept_before + tied_before, lo, below, out[row, None], staged, width)
             else:
                 self.write_places(keys, run, t, take, lo, row, below, kept_before, tied_before, out, staged, width)
