@@ -122,7 +122,7 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
     builds, for ids alone; a batch takes the largest cluster whose CTAs all fit the
     SMs, its width's threads // CTAs threads each."""
     assert short_row.CLUSTER == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1")
-    for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True)):
+    for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", False)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     clustered = [c for c in short_row.catalog(None) if len(c) > 7]
@@ -233,11 +233,12 @@ def assert_takes_score_rows(batch, path: str, widest: int, fused: bool = False, 
 
 def test_which_batches_take_it(monkeypatch):
     """Rows of at most SHORT_MAX scores or block keys, with or without the fused outputs, and the
-    DCP pack's ord16 keys; wider batches take the engine."""
+    DCP pack's ord16 keys; wider batches take the engine (wide rows off: their own test)."""
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append("short"))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
+    monkeypatch.setattr(short_row, "WIDE", False)
     batch = routed(taken)
     monkeypatch.setattr(short_row, "SHORT_ROWS", False)
     assert batch(SHORT_MAX) == "engine"  # not opted into
