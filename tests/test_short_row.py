@@ -144,28 +144,28 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
 
 def test_wide_rows_opt_in_and_built_as_asked(monkeypatch):
     """Wide rows are off unless TORCH_SPARSE_DECODE_SHORT_WIDE=1, and only with the clusters, for
-    ids alone: rows of up to 32K key columns take clusters of 4 HALF CTAs, up to 64K of 8, up to
-    128K of 8 THREADS CTAs, at any number of rows; wider ones, and the fused outputs past
-    SHORT_MAX, take the engine."""
+    ids alone: a batch takes the first of WIDE_BUILDS that holds its rows and whose clusters all
+    fit the SMs (rows of 32K key columns: 8 CTAs of 256 threads, or 4 of 512; 64K: 8 of 512; 128K:
+    8 of 1024); more rows, wider ones, and the fused outputs past SHORT_MAX take the engine."""
     assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1")
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
-    builds = {(c[7], c[2]) for c in short_row.catalog(None) if len(c) > 7}
-    assert builds >= set(short_row.WIDE_BUILDS)
     wide = [c for c in short_row.catalog(None) if len(c) > 7 and (c[7], c[2]) in short_row.WIDE_BUILDS]
-    assert len(wide) == 3 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
+    assert {(c[7], c[2]) for c in wide} == set(short_row.WIDE_BUILDS)
+    assert len(wide) == 4 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
     assert short_row.WIDE_MAX == 8 * short_row.THREADS * short_row.PER == 8 * SHORT_MAX
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append(config))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
-    for rows, width in ((1, SHORT_MAX + 1), (500, 2 * SHORT_MAX), (1, 2 * SHORT_MAX + 1), (500, 4 * SHORT_MAX),
-                        (1, 4 * SHORT_MAX + 1), (300, 8 * SHORT_MAX), (1, 8 * SHORT_MAX + 1)):
+    cases = {(1, SHORT_MAX + 1): (256, 8), (16, 2 * SHORT_MAX): (256, 8), (17, 2 * SHORT_MAX): (512, 4),
+             (33, 2 * SHORT_MAX): (512, 4), (34, 2 * SHORT_MAX): "engine", (1, 2 * SHORT_MAX + 1): (512, 8),
+             (16, 4 * SHORT_MAX): (512, 8), (17, 4 * SHORT_MAX): "engine", (1, 4 * SHORT_MAX + 1): (1024, 8),
+             (16, 8 * SHORT_MAX): (1024, 8), (17, 8 * SHORT_MAX): "engine", (1, 8 * SHORT_MAX + 1): "engine"}
+    for rows, width in cases:
         launch.select(torch.zeros(rows, width), torch.zeros(rows, dtype=torch.int32), width, 1, 4,
                       torch.empty(rows, 4, dtype=torch.int32), pinned=False)
-    half, full = short_row.HALF, short_row.THREADS
-    assert [c if c == "engine" else (c[2], c[7]) for c in taken] == \
-        [(half, 4), (half, 4), (half, 8), (half, 8), (full, 8), (full, 8), "engine"]
+    assert [c if c == "engine" else (c[2], c[7]) for c in taken] == list(cases.values())
     batch = routed(taken)
     assert batch(SHORT_MAX + 1, raw=torch.empty(2, 4, dtype=torch.int32)) == "engine"
     assert batch(SHORT_MAX + 1, torch.bfloat16, ord16=True) != "engine"
@@ -470,18 +470,28 @@ def test_few_rows(short_rows, rows, width, kind):
 
 
 @pytest.fixture
-def wide_rows(monkeypatch):
-    """Rows past SHORT_MAX key columns over clusters (``short_row.WIDE``, with the defaults it needs)."""
+def wide_on(monkeypatch):
+    """Rows past SHORT_MAX key columns over clusters (``short_row.WIDE``, with the defaults it needs),
+    where their clusters fit the SMs."""
     for name in ("SHORT_ROWS", "LEAN", "TRIM", "CLUSTER", "WIDE"):
         monkeypatch.setattr(short_row, name, True)
 
 
+@pytest.fixture(params=["first", "4 x 512"])
+def wide_rows(wide_on, monkeypatch, request):
+    """Wide rows at any number of rows (more clusters than the SMs hold wait their turn): each batch
+    takes the first wide build that holds its rows, of every build or (``4 x 512``) without the
+    first, so rows of 32K key columns take each of theirs."""
+    if request.param == "4 x 512":
+        monkeypatch.setattr(short_row, "WIDE_BUILDS", short_row.WIDE_BUILDS[1:])
+    fits = short_row.wide_build
+    monkeypatch.setattr(short_row, "wide_build", lambda key_cols, rows, sms: fits(key_cols, 1, sms))
+
+
 def wide_lengths(k: int, width: int) -> torch.Tensor:
-    """k's edges, the width's, and the runs' at the cluster's threads (n = threads * m +- 1)."""
-    ctas, threads = short_row.wide_build(width)
-    threads *= ctas
+    """k's edges, the width's, and the runs' at each wide build's threads (n = threads * m +- 1)."""
     values = [-3, 0, 1, k - 1, k, k + 1, width - 1, width, width + 9, SHORT_MAX, SHORT_MAX + 1]
-    values += [threads * m + d for m in (1, 2, 8, 15, 16) for d in (-1, 0, 1)]
+    values += [c * t * m + d for c, t in short_row.WIDE_BUILDS for m in (1, 2, 8, 15, 16) for d in (-1, 0, 1)]
     return torch.tensor(sorted({min(max(v, -3), width + 9) for v in values}), dtype=torch.int32)
 
 
@@ -508,11 +518,12 @@ def test_wide_rows_of_one_value(wide_rows, width):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 7, 33, 200])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 33, 34, 200])
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
-@pytest.mark.parametrize("width", [2 * SHORT_MAX + 5, 6 * SHORT_MAX + 5])
-def test_wide_batches(wide_rows, rows, dtype, width):
-    """Batches of more clusters than the SMs hold at once, every dtype, windowed too."""
+@pytest.mark.parametrize("width", [2 * SHORT_MAX - 5, 2 * SHORT_MAX + 5, 6 * SHORT_MAX + 5])
+def test_wide_batches(wide_on, rows, dtype, width):
+    """Batches at each build's edge of rows (the most whose clusters fit the SMs, one more), every
+    dtype, windowed too."""
     lengths = wide_lengths(2048, width)
     lengths = lengths.repeat(-(-rows // lengths.numel()))[:rows]
     each = -(-rows // len(KINDS))

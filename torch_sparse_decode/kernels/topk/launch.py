@@ -45,10 +45,13 @@ def _none(like: torch.Tensor) -> torch.Tensor:
 
 def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool = False) -> bool:
     """Whether a batch takes the short-row select (unless ``short_row.SHORT_ROWS`` is off): rows of
-    at most SHORT_MAX key columns (WIDE_MAX where ``short_row.widest`` says so) of scores (ranked by
-    their bits, or by their ord16 where the DCP pack's scores) or block keys (``pinned``), with or
-    without the fused outputs. A shape test, the same in every replay."""
+    at most SHORT_MAX key columns (wider where ``short_row.widest`` and ``wide_build`` say so) of
+    scores (ranked by their bits, or by their ord16 where the DCP pack's scores) or block keys
+    (``pinned``), with or without the fused outputs. A shape test, the same in every replay."""
     if not short_row.SHORT_ROWS or src.shape[1] > short_row.widest(fused):
+        return False
+    rows, key_cols = src.shape
+    if key_cols > short_row.SHORT_MAX and short_row.wide_build(key_cols, rows, sm_count(src.device)) is None:
         return False
     if pinned:
         return src.dtype is BLOCK_KEYS
@@ -75,8 +78,8 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     if takes_short_row(src, pinned, ord16, fused):
         threads = short_row.threads_for(src.shape[1])
         ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(fused) else 1
-        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster a row, whatever the rows
-            ctas, threads = short_row.wide_build(src.shape[1])
+        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster a row
+            ctas, threads = short_row.wide_build(src.shape[1], rows, sm_count(src.device))
             kernel = short_row.compiled(src.dtype, dependent, threads, ord16, False, True, True, ctas)
         elif ctas > 1:
             kernel = short_row.compiled(src.dtype, dependent, threads // ctas, ord16, False, True, True, ctas)

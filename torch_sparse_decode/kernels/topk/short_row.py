@@ -67,9 +67,9 @@ TRIM = os.environ.get("TORCH_SPARSE_DECODE_SHORT_TRIM", "1") == "1"
 # trimmed at 1 x 8K).
 CLUSTER = os.environ.get("TORCH_SPARSE_DECODE_SHORT_CLUSTER", "1") == "1"
 CLUSTER_SIZES = (4, 2)  # the largest whose CTAs all fit the GPU at once
-# Off by default until its GPU run (TORCH_SPARSE_DECODE_SHORT_WIDE=1: on), with CLUSTER: rows of more than
-# SHORT_MAX key columns, up to WIDE_MAX, over a cluster of CTAs (``WIDE_BUILDS``, ``wide_build``), at any
-# number of rows, where the engine takes its fixed chain of digit searches through the ring.
+# Off by default until its GPU run (TORCH_SPARSE_DECODE_SHORT_WIDE=1: on), with CLUSTER: batches of rows of
+# more than SHORT_MAX key columns, up to WIDE_MAX, whose rows' clusters all fit the SMs at once
+# (``wide_build``), where the engine takes its fixed chain of digit searches through the ring.
 WIDE = os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1"
 
 THREADS = 1024
@@ -78,9 +78,10 @@ SHORT_MAX = THREADS * PER  # the most key columns the path takes
 # histogram sum (H100, 1 x 8K: 8.9 us against 10.7 at THREADS), and two fit an SM (64 registers a
 # thread), so past the SMs one CTA's barriers and one-warp scans hide under the other's work.
 HALF = THREADS // 2
-# A wide row's (CTAs, threads a CTA): 32K key columns, 64K, then 128K (8: the portable cluster's most; CTAs
-# of THREADS fill an SM's registers, one an SM)
-WIDE_BUILDS = ((4, HALF), (8, HALF), (8, THREADS))
+# A wide row's (CTAs, threads a CTA), the first that holds the row and fits: a CTA's share of the row
+# bounds its time (H100: 9.95 us at 8 x 32K over 4 CTAs of 512 threads, 16.6 at 8 x 128K over 8 of
+# 1024), so the most CTAs first; 8 is the portable cluster's most, and CTAs of THREADS fill an SM.
+WIDE_BUILDS = ((8, THREADS // 4), (4, HALF), (8, HALF), (8, THREADS))
 WIDE_MAX = WIDE_BUILDS[-1][0] * WIDE_BUILDS[-1][1] * PER
 
 
@@ -113,9 +114,12 @@ def widest(fused: bool) -> int:
     return WIDE_MAX if WIDE and clusters_for(fused) else SHORT_MAX
 
 
-def wide_build(key_cols: int) -> tuple[int, int]:
-    """(CTAs, threads a CTA) a row of ``key_cols`` > SHORT_MAX key columns takes (a shape test)."""
-    return next((c, t) for c, t in WIDE_BUILDS if key_cols <= c * t * PER)
+def wide_build(key_cols: int, rows: int, sms: int) -> tuple[int, int] | None:
+    """(CTAs, threads a CTA) for a batch of ``rows`` rows of ``key_cols`` > SHORT_MAX key columns:
+    the first of WIDE_BUILDS that holds the row and whose rows * CTAs fit ``sms`` SMs, else None
+    (the engine: a CTA's share of a row past one wave measured slower than the engine). A shape
+    test, the same in every replay; both paths are exact, so a row's ids never depend on it."""
+    return next(((c, t) for c, t in WIDE_BUILDS if key_cols <= c * t * PER and rows * c <= sms), None)
 
 
 def cluster_size(rows: int, sms: int) -> int:
