@@ -16,9 +16,10 @@ ord16 select + the B' writer), the one-round DCP merge of simulated ranks (again
 merge), the generic local keys, and ``moe_route`` (grouped or not, fp32 / bf16 / fp16 scores).
 Each case draws from ``random.Random(f"{seed}:{index}")`` and a CUDA generator seeded from it, so
 a (seed, index) pair is its own reproducer. ``indexer_topk`` batches of at most 16K columns take
-the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), and with its wide rows on,
-up to 128K over clusters: widths are drawn at its switches (16K, 32K, 64K and 128K, each +- 1) and
-lengths at the edges of its threads' runs.
+the one-CTA short-row path (unless TORCH_SPARSE_DECODE_SHORT_ROWS=0), and with its wide rows (on
+unless TORCH_SPARSE_DECODE_SHORT_WIDE=0), batches of up to 128K whose clusters fit the SMs: widths
+are drawn at its switches (16K, 32K, 64K and 128K, each +- 1) and lengths at the edges of its
+threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
 lean builds, their trim, clusters and wide rows, the warp routing, the split router GEMM, the front's bulk staging and

@@ -123,8 +123,8 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
             got = tsd.select_candidate_blocks(x.to(dtype).cuda(), ends.cuda(), block, 2048)
             expect(f"blocks 64 rows {str(dtype)[6:]} bs={block} k=2048", got,
                    oracle.candidate_blocks(x.to(dtype), ends, block, 2048))
-    # The short-row select (kernels/topk/short_row.py), switched on here; its wide rows where
-    # TORCH_SPARSE_DECODE_SHORT_WIDE=1.
+    # The short-row select (kernels/topk/short_row.py), switched on here; its wide rows unless
+    # TORCH_SPARSE_DECODE_SHORT_WIDE=0.
     from torch_sparse_decode.kernels.topk import short_row
 
     if "short" in sections:

@@ -142,12 +142,12 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
     assert not short_row.clusters_for(False) and all(len(c) == 7 for c in short_row.catalog(None))
 
 
-def test_wide_rows_opt_in_and_built_as_asked(monkeypatch):
-    """Wide rows are off unless TORCH_SPARSE_DECODE_SHORT_WIDE=1, and only with the clusters, for
+def test_wide_rows_on_and_built_as_asked(monkeypatch):
+    """Wide rows are on unless TORCH_SPARSE_DECODE_SHORT_WIDE=0, and only with the clusters, for
     ids alone: a batch takes the first of WIDE_BUILDS that holds its rows and whose clusters all
     fit the SMs (rows of 32K key columns: 8 CTAs of 256 threads, or 4 of 512; 64K: 8 of 512; 128K:
     8 of 1024); more rows, wider ones, and the fused outputs past SHORT_MAX take the engine."""
-    assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "0") == "1")
+    assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "1") != "0")
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
