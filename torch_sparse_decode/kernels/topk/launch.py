@@ -76,16 +76,8 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     dependent = pdl.enabled(pdl.for_keys(ord16))
     if takes_short_row(src, pinned, ord16, fused):
-        threads = short_row.threads_for(src.shape[1])
-        ctas = short_row.cluster_size(rows, sm_count(src.device)) if short_row.clusters_for(fused) else 1
-        if src.shape[1] > short_row.SHORT_MAX:  # a wide row: a cluster a row
-            ctas, threads = short_row.wide_build(src.shape[1], rows, sm_count(src.device))
-            kernel = short_row.compiled(src.dtype, dependent, threads, ord16, False, True, True, ctas)
-        elif ctas > 1:
-            kernel = short_row.compiled(src.dtype, dependent, threads // ctas, ord16, False, True, True, ctas)
-        else:
-            kernel = short_row.compiled(src.dtype, dependent, threads, ord16, fused, short_row.lean_for(threads),
-                                        short_row.trim_for(threads))
+        sms = sm_count(src.device) if short_row.clusters_for(fused) else 0  # one CTA a row: no SM count asked
+        kernel = short_row.compiled(*short_row.build_for(src.dtype, dependent, src.shape[1], rows, sms, ord16, fused))
         kernel(src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
         return
     ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
