@@ -43,19 +43,19 @@ def _none(like: torch.Tensor) -> torch.Tensor:
     return _NONE[key]
 
 
-def takes_short_row(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool = False) -> bool:
-    """Whether a batch takes the short-row select (unless ``short_row.SHORT_ROWS`` is off): rows of
-    at most SHORT_MAX key columns (wider where ``short_row.widest`` and ``wide_build`` say so) of
-    scores (ranked by their bits, or by their ord16 where the DCP pack's scores) or block keys
-    (``pinned``), with or without the fused outputs. A shape test, the same in every replay."""
-    if not short_row.SHORT_ROWS or src.shape[1] > short_row.widest(fused):
-        return False
+def short_row_build(src: torch.Tensor, pinned: bool, ord16: bool, fused: bool, dependent: bool) -> tuple | None:
+    """The short-row select's build a batch takes (``short_row.build_for``), or None where it takes
+    the engine: the path is off (``short_row.SHORT_ROWS``), the source is not one it ranks (scores
+    by their bits, or by their ord16 where the DCP pack's scores; block keys where ``pinned``), or
+    its rows are wider than ``short_row.widest`` or than a wide build that fits. A shape test, the
+    same in every replay."""
     rows, key_cols = src.shape
-    if key_cols > short_row.SHORT_MAX and short_row.wide_build(key_cols, rows, sm_count(src.device)) is None:
-        return False
-    if pinned:
-        return src.dtype is BLOCK_KEYS
-    return src.dtype in (DCP_SCORES if ord16 else TOPK_SCORES)
+    if not short_row.SHORT_ROWS or key_cols > short_row.widest(fused):
+        return None
+    if (src.dtype is not BLOCK_KEYS) if pinned else (src.dtype not in (DCP_SCORES if ord16 else TOPK_SCORES)):
+        return None
+    sms = sm_count(src.device) if short_row.clusters_for(fused) else 0  # one CTA a row: no SM count asked
+    return short_row.build_for(src.dtype, dependent, key_cols, rows, sms, ord16, fused)
 
 
 def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_sel: int, out: torch.Tensor,
@@ -75,14 +75,13 @@ def select(src: torch.Tensor, lengths: torch.Tensor, cols: int, block: int, k_se
     outputs = (_none(out) if raw is None else raw, out if table is None else table, page if table is not None else 0,
                _none(src) if values is None else values, want)  # stand-ins where absent: never read
     dependent = pdl.enabled(pdl.for_keys(ord16))
-    if takes_short_row(src, pinned, ord16, fused):
-        sms = sm_count(src.device) if short_row.clusters_for(fused) else 0  # one CTA a row: no SM count asked
-        kernel = short_row.compiled(*short_row.build_for(src.dtype, dependent, src.shape[1], rows, sms, ord16, fused))
-        kernel(src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
-        return
-    ctas = cluster_size(rows, src.shape[1], sm_count(src.device))
-    compiled(src.dtype, pinned, ctas, ord16, fused=fused, pdl=dependent)(
-        src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
+    config = short_row_build(src, pinned, ord16, fused, dependent)
+    if config is not None:
+        kernel = short_row.compiled(*config)
+    else:
+        kernel = compiled(src.dtype, pinned, cluster_size(rows, src.shape[1], sm_count(src.device)), ord16,
+                          fused=fused, pdl=dependent)
+    kernel(src, lengths, starts if windowed else lengths, int(windowed), cols, block, k_sel, out, *outputs)
 
 
 def select_ord16(scores: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor) -> None:

@@ -123,13 +123,15 @@ def wide_build(key_cols: int, rows: int, sms: int) -> tuple[int, int] | None:
     return next(((c, t) for c, t in WIDE_BUILDS if key_cols <= c * t * PER and rows * c <= sms), None)
 
 
-def build_for(source: torch.dtype, pdl: bool, key_cols: int, rows: int, sms: int, ord16: bool, fused: bool) -> tuple:
-    """``compiled``'s configuration for a batch that takes the path (a shape test): a wide row's
-    cluster (``wide_build``); rows spread over a cluster of ``cluster_size`` CTAs where
-    ``clusters_for``; else one CTA of ``threads_for`` threads a row, lean and trimmed as those say."""
+def build_for(source: torch.dtype, pdl: bool, key_cols: int, rows: int, sms: int, ord16: bool,
+              fused: bool) -> tuple | None:
+    """``compiled``'s configuration for a batch of at most ``widest`` key columns (a shape test): a
+    wide row's cluster (``wide_build``; None where none fits: the engine); rows spread over a
+    cluster of ``cluster_size`` CTAs where ``clusters_for``; else one CTA of ``threads_for``
+    threads a row, lean and trimmed as those say."""
     if key_cols > SHORT_MAX:
-        ctas, threads = wide_build(key_cols, rows, sms)
-        return (source, pdl, threads, ord16, False, True, True, ctas)
+        wide = wide_build(key_cols, rows, sms)
+        return None if wide is None else (source, pdl, wide[1], ord16, False, True, True, wide[0])
     threads = threads_for(key_cols)
     ctas = cluster_size(rows, sms) if clusters_for(fused) else 1
     if ctas > 1:
