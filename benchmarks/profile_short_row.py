@@ -4,11 +4,12 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
     python benchmarks/profile_short_row.py [--quick] [--check CASES] [--cuts "NAME;NAME"] [--results FILE]
     python benchmarks/profile_short_row.py --phases [--results FILE]
 
-``--phases``: the op's own builds (``threads_for`` the width's CTA, and both widths at 8K; lean
-where ``lean_for`` says) with phase marks (``ShortRowTopk(profile=True)``,
-``short_digits.PHASES``): the median over rows of thread 0's SM cycles in each phase (0: a phase
-the row skips), and each CTA's span on the global timer beside the call's time in a CUDA graph;
-what the span leaves out is the launch and the kernel's drain.
+``--phases``: the build the op takes at each shape of 8K-128K columns (``short_row.build_for`` on
+132 SMs: one CTA, a cluster, or a wide row's cluster), and at 8K the one-CTA build of 1024 threads
+too, with phase marks (``ShortRowTopk(profile=True)``, ``short_digits.PHASES``): the median over
+rows of the first CTA's thread 0's SM cycles in each phase (0: a phase the row skips), and each
+row's span on the global timer beside the call's time in a CUDA graph; what the span leaves out
+is the launch and the kernel's drain.
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
@@ -213,6 +214,20 @@ def inputs(kind: str, rows: int, width: int):
     return make
 
 
+PHASE_SHAPES = [(1, 8 << 10), (8, 8 << 10), (64, 8 << 10), (256, 8 << 10), (8, 16 << 10), (8, 32 << 10),
+                (8, 64 << 10), (1, 128 << 10), (8, 128 << 10)]
+
+
+def phase_builds(rows: int, width: int) -> list[tuple]:
+    """``--phases``' builds of a shape: the op's (``short_row.build_for`` on an H100's or H200's
+    132 SMs), and at 8K columns the one-CTA build of THREADS too."""
+    built = [short_row.build_for(torch.float32, False, width, rows, 132, False, False)]
+    if width <= short_row.HALF * short_digits.PER:
+        built.append((torch.float32, False, short_row.THREADS, False, False, short_row.lean_for(short_row.THREADS),
+                      short_row.trim_for(short_row.THREADS)))
+    return [c for c in built if c is not None]
+
+
 def phases(results: str | None) -> None:
     """The phase-marked builds' cycles and timeline (``--phases``)."""
     names = short_digits.PHASES
@@ -224,13 +239,11 @@ def phases(results: str | None) -> None:
                   ["shape", "rows", "threads", "kernel span", "median CTA", "slowest CTA", "last CTA start",
                    "call"], timing)
     flush = torch.empty(64 << 20, device="cuda")
-    for rows, width in [(1, 8 << 10), (8, 8 << 10), (64, 8 << 10), (256, 8 << 10), (8, 16 << 10)]:
-        for threads in sorted({short_row.threads_for(width), short_row.THREADS}):
-            if width > threads * short_digits.PER:
-                continue
-            build = (short_row.lean_for(threads), short_row.trim_for(threads))  # as launch.select asks
-            profiled = short_row.compiled(torch.float32, False, threads, False, False, *build, profile=True)
-            plain = short_row.compiled(torch.float32, False, threads, False, False, *build)
+    for rows, width in PHASE_SHAPES:
+        for config in phase_builds(rows, width):
+            threads = f"{config[7]} x {config[2]}" if len(config) > 7 else config[2]  # a cluster's CTAs x threads
+            profiled = short_row.compiled(*config, profile=True)
+            plain = short_row.compiled(*config)
             for kind in ("randn", "ties"):
                 sets = rotation(inputs(kind, rows, width), rows * width * 4)
                 out = torch.full((rows, K + 1 + len(names) + 2), -7, dtype=torch.int32, device="cuda")

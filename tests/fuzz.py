@@ -473,6 +473,7 @@ def opt_in_switches():
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
             (tsd_short_row(), "CLUSTER", "short_cluster"), (tsd_short_row(), "WIDE", "short_wide"),
+            (tsd_short_row(), "PAIRS", "short_pairs"),
             (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
             (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 

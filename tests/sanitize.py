@@ -163,12 +163,14 @@ def matrix(small: bool, fuzz_cases: int, sections=SECTIONS) -> int:
                 expect(f"SHORT_ROWS ord16 6x{width}", ids, dcp_cases.ascending_local_topk(x, lengths, 2048))
                 blocks = tsd.select_candidate_blocks(x.cuda(), lengths.cuda(), 8, 64)
                 expect(f"SHORT_ROWS blocks 6x{width} bs=8 k=64", blocks, oracle.candidate_blocks(x, lengths, 8, 64))
-            if short_row.WIDE:  # rows of 32K key columns at 17-33 rows: 4 CTAs of 512 threads a row
-                rows = 24
+            # rows of 32K key columns at 17-33 rows: 4 CTAs of 512 threads a row; at 34-66, 2 of 1024 (PAIRS)
+            for rows, build in ((24, "4 x 512"), (40, "2 x 1024")) if short_row.WIDE else ():
+                if rows > 33 and not short_row.PAIRS:
+                    continue
                 x = torch.randn(rows, 2 * short_row.SHORT_MAX, generator=gen)
                 x[::3] = 0.5
                 lengths = torch.randint(0, 2 * short_row.SHORT_MAX + 1, (rows,), generator=gen, dtype=torch.int32)
-                expect(f"SHORT_ROWS wide 4 x 512 {rows}x{x.shape[1]}", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
+                expect(f"SHORT_ROWS wide {build} {rows}x{x.shape[1]}", tsd.indexer_topk(x.cuda(), lengths.cuda(), 2048),
                        oracle.topk_tokens(x, lengths, 2048))
             # HALF-thread CTAs past the SMs (two an SM), and each way to settle t early
             from test_short_row import settling_rows

@@ -145,21 +145,25 @@ def test_clusters_opt_in_and_built_as_asked(monkeypatch):
 def test_wide_rows_on_and_built_as_asked(monkeypatch):
     """Wide rows are on unless TORCH_SPARSE_DECODE_SHORT_WIDE=0, and only with the clusters, for
     ids alone: a batch takes the first of WIDE_BUILDS that holds its rows and whose clusters all
-    fit the SMs (rows of 32K key columns: 8 CTAs of 256 threads, or 4 of 512; 64K: 8 of 512; 128K:
-    8 of 1024); more rows, wider ones, and the fused outputs past SHORT_MAX take the engine."""
+    fit the SMs (rows of 32K key columns: 8 CTAs of 256 threads, or 4 of 512, or 2 of 1024 where
+    PAIRS; 64K: 8 of 512; 128K: 8 of 1024); more rows, wider ones, and the fused outputs past
+    SHORT_MAX take the engine."""
     assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "1") != "0")
-    for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True)):
+    assert short_row.PAIRS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "0") == "1")  # opt-in
+    for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True),
+                        ("PAIRS", True)):
         monkeypatch.setattr(short_row, name, value)
     monkeypatch.setattr(launch, "sm_count", lambda device: 132)
     wide = [c for c in short_row.catalog(None) if len(c) > 7 and (c[7], c[2]) in short_row.WIDE_BUILDS]
     assert {(c[7], c[2]) for c in wide} == set(short_row.WIDE_BUILDS)
-    assert len(wide) == 4 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
+    assert len(wide) == 5 * (4 + len(DCP_SCORES)) and not any(c[4] for c in wide)  # scores, block keys, ord16
     assert short_row.WIDE_MAX == 8 * short_row.THREADS * short_row.PER == 8 * SHORT_MAX
     taken = []
     monkeypatch.setattr(short_row, "compiled", lambda *config: lambda *args: taken.append(config))
     monkeypatch.setattr(launch, "compiled", lambda *args, **kw: lambda *a: taken.append("engine"))
     cases = {(1, SHORT_MAX + 1): (256, 8), (16, 2 * SHORT_MAX): (256, 8), (17, 2 * SHORT_MAX): (512, 4),
-             (33, 2 * SHORT_MAX): (512, 4), (34, 2 * SHORT_MAX): "engine", (1, 2 * SHORT_MAX + 1): (512, 8),
+             (33, 2 * SHORT_MAX): (512, 4), (34, 2 * SHORT_MAX): (1024, 2), (66, 2 * SHORT_MAX): (1024, 2),
+             (67, 2 * SHORT_MAX): "engine", (1, 2 * SHORT_MAX + 1): (512, 8), (33, 2 * SHORT_MAX + 1): "engine",
              (16, 4 * SHORT_MAX): (512, 8), (17, 4 * SHORT_MAX): "engine", (1, 4 * SHORT_MAX + 1): (1024, 8),
              (16, 8 * SHORT_MAX): (1024, 8), (17, 8 * SHORT_MAX): "engine", (1, 8 * SHORT_MAX + 1): "engine"}
     for rows, width in cases:
@@ -172,6 +176,13 @@ def test_wide_rows_on_and_built_as_asked(monkeypatch):
     launch.select(torch.zeros(2, 4 * SHORT_MAX, dtype=torch.int32), torch.zeros(2, dtype=torch.int32),
                   32 * SHORT_MAX, 8, 4, torch.empty(2, 5, dtype=torch.int32), pinned=True)
     assert taken[-1] != "engine"
+    monkeypatch.setattr(short_row, "PAIRS", False)  # without them, 34-66 rows of 32K take the engine
+    assert short_row.PAIR not in {(c[7], c[2]) for c in short_row.catalog(None) if len(c) > 7}
+    for rows, path in ((33, (512, 4)), (34, "engine")):
+        taken.clear()
+        launch.select(torch.zeros(rows, 2 * SHORT_MAX), torch.zeros(rows, dtype=torch.int32), 2 * SHORT_MAX, 1, 4,
+                      torch.empty(rows, 4, dtype=torch.int32), pinned=False)
+        assert [c if c == "engine" else (c[2], c[7]) for c in taken] == [path]
     monkeypatch.setattr(short_row, "CLUSTER", False)
     assert short_row.widest(False) == SHORT_MAX and batch(SHORT_MAX + 1) == "engine"
 
@@ -473,17 +484,21 @@ def test_few_rows(short_rows, rows, width, kind):
 def wide_on(monkeypatch):
     """Rows past SHORT_MAX key columns over clusters (``short_row.WIDE``, with the defaults it needs),
     where their clusters fit the SMs."""
-    for name in ("SHORT_ROWS", "LEAN", "TRIM", "CLUSTER", "WIDE"):
+    for name in ("SHORT_ROWS", "LEAN", "TRIM", "CLUSTER", "WIDE", "PAIRS"):
         monkeypatch.setattr(short_row, name, True)
 
 
-@pytest.fixture(params=["first", "4 x 512"])
+@pytest.fixture(params=["first", "4 x 512", "2 x 1024"])
 def wide_rows(wide_on, monkeypatch, request):
     """Wide rows at any number of rows (more clusters than the SMs hold wait their turn): each batch
-    takes the first wide build that holds its rows, of every build or (``4 x 512``) without the
-    first, so rows of 32K key columns take each of theirs."""
-    if request.param == "4 x 512":
-        monkeypatch.setattr(short_row, "WIDE_BUILDS", short_row.WIDE_BUILDS[1:])
+    takes the first wide build that holds its rows, of every build or of those after the first (``4 x
+    512``) or the first two (``2 x 1024``), so rows of 32K key columns take each of theirs."""
+    skip = {"first": 0, "4 x 512": 1, "2 x 1024": 2}[request.param]
+    ctas, threads = short_row.WIDE_BUILDS[skip]
+    width = request.node.callspec.params.get("width") if hasattr(request.node, "callspec") else None
+    if skip and width is not None and width > ctas * threads * short_row.PER:
+        pytest.skip("wider than the build: the same as the first's")  # the first that holds it, as in "first"
+    monkeypatch.setattr(short_row, "WIDE_BUILDS", short_row.WIDE_BUILDS[skip:])
     fits = short_row.wide_build
     monkeypatch.setattr(short_row, "wide_build", lambda key_cols, rows, sms: fits(key_cols, 1, sms))
 
@@ -502,7 +517,7 @@ def wide_lengths(k: int, width: int) -> torch.Tensor:
                                      (2048, 2 * SHORT_MAX + 1), (64, 3 * SHORT_MAX), (2048, 4 * SHORT_MAX),
                                      (2048, 4 * SHORT_MAX + 1), (4096, 8 * SHORT_MAX)])
 def test_wide_rows(wide_rows, kind, k, width):
-    """Rows over clusters of 4 and 8 CTAs: k's, the runs' and the width's edges, every kind."""
+    """Rows over clusters of 2, 4 and 8 CTAs: k's, the runs' and the width's edges, every kind."""
     lengths = wide_lengths(k, width)
     check(scores(kind, (lengths.numel(), width), seed=k + width), lengths, k)
 
@@ -518,7 +533,7 @@ def test_wide_rows_of_one_value(wide_rows, width):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows", [1, 7, 16, 17, 33, 34, 200])
+@pytest.mark.parametrize("rows", [1, 7, 16, 17, 33, 34, 66, 67, 200])
 @pytest.mark.parametrize("dtype", TOPK_SCORES)
 @pytest.mark.parametrize("width", [2 * SHORT_MAX - 5, 2 * SHORT_MAX + 5, 6 * SHORT_MAX + 5])
 def test_wide_batches(wide_on, rows, dtype, width):

@@ -82,8 +82,20 @@ HALF = THREADS // 2
 # A wide row's (CTAs, threads a CTA), the first that holds the row and fits: a CTA's share of the row
 # bounds its time (H100: 9.95 us at 8 x 32K over 4 CTAs of 512 threads, 16.6 at 8 x 128K over 8 of
 # 1024), so the most CTAs first; 8 is the portable cluster's most, and CTAs of THREADS fill an SM.
-WIDE_BUILDS = ((8, THREADS // 4), (4, HALF), (8, HALF), (8, THREADS))
+# Clusters of 16 (non-portable) measured slower at every width: 12.9 against 7.80 us at 8 x 32K,
+# 21.4 against 15.3 at 1 x 128K (H100, benchmarks/probe_wide_clusters.py).
+WIDE_BUILDS = ((8, THREADS // 4), (4, HALF), (2, THREADS), (8, HALF), (8, THREADS))
 WIDE_MAX = WIDE_BUILDS[-1][0] * WIDE_BUILDS[-1][1] * PER
+# Opt-in (TORCH_SPARSE_DECODE_SHORT_PAIRS=1) until its GPU tests have run: PAIR takes 34-66 rows of 32K
+# key columns, which take the engine without it (H100, 64 x 32K: 15.2 us against the engine's 18.4,
+# and 14.9 against 26.6 on rows of four values; ids the same as the engine's). Read at each launch.
+PAIRS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "0") == "1"
+PAIR = (2, THREADS)
+
+
+def wide_builds() -> tuple[tuple[int, int], ...]:
+    """The WIDE_BUILDS a batch may take: PAIR only where ``PAIRS``."""
+    return tuple(b for b in WIDE_BUILDS if PAIRS or b != PAIR)
 
 
 def threads_for(key_cols: int) -> int:
@@ -117,10 +129,10 @@ def widest(fused: bool) -> int:
 
 def wide_build(key_cols: int, rows: int, sms: int) -> tuple[int, int] | None:
     """(CTAs, threads a CTA) for a batch of ``rows`` rows of ``key_cols`` > SHORT_MAX key columns:
-    the first of WIDE_BUILDS that holds the row and whose rows * CTAs fit ``sms`` SMs, else None
+    the first of ``wide_builds`` that holds the row and whose rows * CTAs fit ``sms`` SMs, else None
     (the engine: a CTA's share of a row past one wave measured slower than the engine). A shape
     test, the same in every replay; both paths are exact, so a row's ids never depend on it."""
-    return next(((c, t) for c, t in WIDE_BUILDS if key_cols <= c * t * PER and rows * c <= sms), None)
+    return next(((c, t) for c, t in wide_builds() if key_cols <= c * t * PER and rows * c <= sms), None)
 
 
 def build_for(source: torch.dtype, pdl: bool, key_cols: int, rows: int, sms: int, ord16: bool,
@@ -346,7 +358,7 @@ def catalog(target) -> list[tuple]:
                   for s, ord16, f in sources if not f for threads in (THREADS, HALF) for c in CLUSTER_SIZES]
     if widest(False) > SHORT_MAX:
         built += [(s, pdl.enabled(pdl.for_keys(ord16)), t, ord16, False, True, True, c)
-                  for s, ord16, f in sources if not f for c, t in WIDE_BUILDS]
+                  for s, ord16, f in sources if not f for c, t in wide_builds()]
     return built
 
 
