@@ -3,6 +3,7 @@ out, each timed in CUDA graphs beside the whole kernel (cut builds give wrong id
 
     python benchmarks/profile_short_row.py [--quick] [--check CASES] [--cuts "NAME;NAME"] [--results FILE]
     python benchmarks/profile_short_row.py --phases [--results FILE]
+    python benchmarks/profile_short_row.py --wide [--prebuild] [--results FILE]
 
 ``--phases``: the build the op takes at each shape of 8K-128K columns (``short_row.build_for`` on
 132 SMs: one CTA, a cluster, or a wide row's cluster), and at 8K the one-CTA build of 1024 threads
@@ -10,6 +11,14 @@ too, with phase marks (``ShortRowTopk(profile=True)``, ``short_digits.PHASES``):
 rows of the first CTA's thread 0's SM cycles in each phase (0: a phase the row skips), and each
 row's span on the global timer beside the call's time in a CUDA graph; what the span leaves out
 is the launch and the kernel's drain.
+
+``--wide``: CANDIDATES (changes to the select, as subclasses here) built at the configuration the
+op takes at each of WIDE_SHAPES (1-8 rows of 8K-128K columns), each beside the op's build: ids
+compared on every input set, then timed. Their objects go to the disk cache like the library's
+kernels, keyed by this file, so ``--wide --prebuild`` on a machine without a GPU (with
+``CUTE_DSL_ARCH=sm_90a`` and ``TORCH_SPARSE_DECODE_CACHE`` set) spares the GPU their compiles.
+The candidate: ``UnrolledRank``, the settling bin's keys ranked with every shuffle unrolled
+(at 18cb34f the settle took 9785 of 8 x 128K's 29833 cycles, 2543 of 1 x 8K's 10300).
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,
@@ -52,6 +61,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Uint32
 from harness import Table, graph_us, parser, phase_marks, rotation
 from torch_sparse_decode.kernels.topk import short_digits, short_row
+from torch_sparse_decode.kernels.compile import CachedKernel
+from torch_sparse_decode.kernels.topk.cluster import load_rank
 
 K = 2048
 
@@ -125,6 +136,67 @@ class BranchFreeCount(short_row.ShortRowTopk):
                                    (t >> Uint32(shift + short_digits.RADIX)))
                 b = Int32((key >> Uint32(shift)) & Uint32(short_digits.BINS - 1))
                 cute.arch.atomic_add(hist.iterator + (b * 32 + lane), cutlass.select_(live, Int32(1), Int32(0)))
+
+
+class UnrolledRank(short_row.ShortRowTopk):
+    """Candidate: the settling bin's keys ranked with every shuffle unrolled (the shipped ranks loop
+    over the m keys one at a time, each step waiting on its shuffle or shared load: at 128K a randn
+    row's ~80 keys cost ~2800 cycles). A lane's slots hold the keys, 0 past m (no key: it is never
+    >= a key, and a slot of 0 is never picked)."""
+
+    @cute.jit
+    def ranked(self, held: cute.Tensor, need: Int32, m: Int32, slots: cutlass.Constexpr[int]):
+        at_least = cute.make_rmem_tensor(slots, Int32)
+        for h in cutlass.range_constexpr(slots):
+            at_least[h] = Int32(0)
+        for g in cutlass.range_constexpr(slots):
+            if m > 32 * g:  # warp-uniform
+                for j in cutlass.range_constexpr(32):
+                    v = Uint32(cute.arch.shuffle_sync(Int32(held[g]), j))
+                    for h in cutlass.range_constexpr(slots):
+                        at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
+        best = Uint32(0)
+        for h in cutlass.range_constexpr(slots):
+            best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
+        best = cute.arch.warp_redux_sync(best, "umax")
+        above = Int32(0)
+        ties = Int32(0)
+        for h in cutlass.range_constexpr(slots):
+            above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
+            ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
+        ties = cute.arch.warp_redux_sync(ties, "add")
+        if cutlass.const_expr(not self.trim):
+            ties = Int32(-1)
+        return best, need - cute.arch.warp_redux_sync(above, "add"), ties
+
+    @cute.jit
+    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32,
+             slots: cutlass.Constexpr[int] = short_digits.TAIL // 32):
+        m = Int32(tail[short_digits.GATHERED])
+        held = cute.make_rmem_tensor(slots, Uint32)
+        for h in cutlass.range_constexpr(slots):
+            held[h] = Uint32(0)
+            if lane + 32 * h < m:
+                held[h] = tail[lane + 32 * h]
+        return self.ranked(held, need, m, slots)
+
+    @cute.jit
+    def rank_union(self, tail: cute.Tensor, need: Int32, lane: Int32, slots: cutlass.Constexpr[int]):
+        gathered = cute.make_rmem_tensor(self.ctas, Int32)
+        m = Int32(0)
+        for r in cutlass.range_constexpr(self.ctas):
+            gathered[r] = load_rank(tail, Int32(short_digits.GATHERED), Int32(r))
+            m = m + gathered[r]
+        held = cute.make_rmem_tensor(slots, Uint32)
+        for h in cutlass.range_constexpr(slots):
+            held[h] = Uint32(0)
+            offset = Int32(0)
+            for r in cutlass.range_constexpr(self.ctas):
+                q = lane + 32 * h - offset
+                if (q >= 0) & (q < gathered[r]):
+                    held[h] = Uint32(load_rank(tail, q, Int32(r)))
+                offset = offset + gathered[r]
+        return self.ranked(held, need, m, slots)
 
 
 def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False,
@@ -269,6 +341,62 @@ def phases(results: str | None) -> None:
     spans.emit(results)
 
 
+# ``--wide``: candidate changes to the op's own builds (one CTA, clusters, the wide rows), each built
+# at the configuration the op takes for a shape (``short_row.build_for`` on 132 SMs) and cached on
+# disk like the library's kernels (prebuilt with ``--wide --prebuild`` on a machine without a GPU).
+CANDIDATES = {"unrolled rank": UnrolledRank}
+WIDE_SHAPES = [(1, 8 << 10), (8, 8 << 10), (8, 16 << 10), (8, 32 << 10), (8, 64 << 10), (1, 128 << 10),
+               (8, 128 << 10)]
+
+
+def _candidate(name: str, source: torch.dtype, pdl: bool, threads: int, ord16: bool, fused: bool, lean: bool,
+               trim: bool, ctas: int = 1):
+    topk = CANDIDATES[name](source, pdl, threads, ord16, fused, one_barrier=lean, ties_taken=lean, trim=trim, ctas=ctas)
+    return short_row.build(topk, source)
+
+
+candidate = CachedKernel("profile_short_row_candidate", _candidate, lambda target: ())
+
+
+def wide(results: str | None, prebuild: bool) -> None:
+    """``--wide``: each candidate beside the op's build at WIDE_SHAPES, ids checked on every input
+    set first (a candidate whose ids differ reads "wrong" and is not timed)."""
+    configs = {shape: short_row.build_for(torch.float32, False, shape[1], shape[0], 132, False, False)
+               for shape in WIDE_SHAPES}
+    if prebuild:
+        for config in dict.fromkeys(configs.values()):
+            for name in CANDIDATES:
+                candidate(name, *config)
+        return
+    table = Table(f"short-row select: candidates beside the op's build (us), k = {K}, fp32",
+                  ["shape", "rows", "build", "op's build", *CANDIDATES])
+    for (rows, width), config in configs.items():
+        builds = {"op": short_row.compiled(*config), **{name: candidate(name, *config) for name in CANDIDATES}}
+        for kind in ("randn", "ties"):
+            sets = rotation(inputs(kind, rows, width), rows * width * 4)
+            out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
+
+            def call(f, i, sets=sets, out=out, width=width):
+                x, n = sets[i % len(sets)]
+                f(x, n, n, 0, width, 1, K, out, out, out, 0, x, 0)
+
+            want = []
+            for i in range(len(sets)):
+                call(builds["op"], i)
+                want.append(out.clone())
+            cells = []
+            for name, f in builds.items():
+                same = True
+                for i in range(len(sets)):
+                    out.fill_(-7)
+                    call(f, i)
+                    same = same and torch.equal(out, want[i])
+                cells.append(graph_us(lambda i, f=f: call(f, i)) if same else "wrong")
+            label = f"{config[7]} x {config[2]}" if len(config) > 7 else config[2]
+            table.add(f"{rows}x{width >> 10}K", kind, label, *cells)
+    table.emit(results)
+
+
 def check(cases: int, made: dict, kernels: dict, exact: list, device: str = "cuda") -> set:
     """``--check``: each candidate's ids against the whole kernel's on ``cases`` seeded batches of
     tests/inputs.py's kinds (ties, NaN, +-inf, -0.0, plateaus), widths of 1-16K, k of 1-4096,
@@ -315,9 +443,13 @@ def main() -> None:
                           "that differ are not timed; exit 1)")
     cli.add_argument("--cuts", default="", metavar="NAMES",
                      help="only these builds (names of CUTS, separated by ;) beside the whole kernel")
+    cli.add_argument("--wide", action="store_true", help="CANDIDATES beside the op's builds at 8K-128K columns")
+    cli.add_argument("--prebuild", action="store_true", help="with --wide: only compile the candidates (no GPU)")
     args = cli.parse_args()
     if args.phases:
         return phases(args.results)
+    if args.wide:
+        return wide(args.results, args.prebuild)
     chosen = {"whole", *args.cuts.split(";")} if args.cuts else set(CUTS)
     if chosen - set(CUTS):
         cli.error(f"--cuts: no such build: {', '.join(sorted(chosen - set(CUTS)))}")
