@@ -140,10 +140,9 @@ SHORT_BARS = {(1, 8 << 10): 5.0, (8, 8 << 10): 5.0, (64, 8 << 10): 6.0, (256, 8 
               (64, 128 << 10): 16.0}
 
 
-def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
-    """indexer_topk on ``kind`` rows (randn at full length, randn at ragged lengths, four values)
-    through the engine and the short-row path, beside torch.topk."""
-    from torch_sparse_decode.kernels.topk import short_row
+def short_rows(rows: int, width: int, kind: str, dtype=torch.float32) -> list:
+    """Rotated input sets (scores, lengths) of ``kind``: randn at full length, randn at ragged
+    lengths (width / 2 to width), or ties (four values)."""
 
     def make(seed: int):
         gen = torch.Generator(device="cuda").manual_seed(seed)
@@ -156,7 +155,15 @@ def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
             ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen, dtype=torch.int32)
         return x.to(dtype), ends
 
-    sets = rotation(make, rows * width * dtype.itemsize)
+    return rotation(make, rows * width * dtype.itemsize)
+
+
+def bench_short(table: Table, rows: int, width: int, kind: str, dtype) -> None:
+    """indexer_topk on ``kind`` rows (``short_rows``) through the engine and the short-row path,
+    beside torch.topk."""
+    from torch_sparse_decode.kernels.topk import short_row
+
+    sets = short_rows(rows, width, kind, dtype)
     out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
     topk = torch.ops.sparse_decode.indexer_topk
     times = {}

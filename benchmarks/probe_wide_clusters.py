@@ -18,25 +18,12 @@ import contextlib
 
 import torch
 
-from harness import Table, graph_us, parser, rotation, switched
+from bench_topk import short_rows
+from harness import Table, graph_us, parser, switched
 
 K = 2048
 SHAPES = "1x8K,8x8K,8x32K,64x32K,8x64K,1x128K,8x128K"
 QUICK = "8x32K,64x32K"
-
-
-def make_rows(rows: int, width: int, kind: str) -> list:
-    def make(seed: int):
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        if kind == "ties":
-            x = torch.randint(0, 4, (rows, width), device="cuda", generator=gen).float()
-        else:
-            x = torch.randn(rows, width, device="cuda", generator=gen)
-        ends = torch.full((rows,), width, dtype=torch.int32, device="cuda")
-        if kind == "ragged":
-            ends = torch.randint(width // 2, width + 1, (rows,), device="cuda", generator=gen, dtype=torch.int32)
-        return x, ends
-    return rotation(make, rows * width * 4)
 
 
 def main() -> None:
@@ -59,7 +46,7 @@ def main() -> None:
         rows, width = shape.lower().split("x")
         rows, width = int(rows), int(width.rstrip("k")) << 10
         for kind in args.kinds.split(","):
-            sets = make_rows(rows, width, kind)
+            sets = short_rows(rows, width, kind)
             out = torch.empty(rows, K, dtype=torch.int32, device="cuda")
 
             def ids(s):

@@ -62,7 +62,6 @@ from cutlass import Int32, Uint32
 from harness import Table, graph_us, parser, phase_marks, rotation
 from torch_sparse_decode.kernels.topk import short_digits, short_row
 from torch_sparse_decode.kernels.compile import CachedKernel
-from torch_sparse_decode.kernels.topk.cluster import load_rank
 
 K = 2048
 
@@ -139,64 +138,18 @@ class BranchFreeCount(short_row.ShortRowTopk):
 
 
 class UnrolledRank(short_row.ShortRowTopk):
-    """Candidate: the settling bin's keys ranked with every shuffle unrolled (the shipped ranks loop
-    over the m keys one at a time, each step waiting on its shuffle or shared load: at 128K a randn
-    row's ~80 keys cost ~2800 cycles). A lane's slots hold the keys, 0 past m (no key: it is never
-    >= a key, and a slot of 0 is never picked)."""
+    """Candidate: a cluster's settling bin ranked with every shuffle unrolled (``count_at_least``
+    loops over the m keys one at a time, each step waiting on its shuffle: at 128K a randn row's ~80
+    keys cost ~2800 cycles). A lane's slots past m hold 0 (no key): never >= a key, never picked."""
 
     @cute.jit
-    def ranked(self, held: cute.Tensor, need: Int32, m: Int32, slots: cutlass.Constexpr[int]):
-        at_least = cute.make_rmem_tensor(slots, Int32)
-        for h in cutlass.range_constexpr(slots):
-            at_least[h] = Int32(0)
+    def count_at_least(self, held: cute.Tensor, at_least: cute.Tensor, m: Int32, slots: cutlass.Constexpr[int]):
         for g in cutlass.range_constexpr(slots):
             if m > 32 * g:  # warp-uniform
                 for j in cutlass.range_constexpr(32):
                     v = Uint32(cute.arch.shuffle_sync(Int32(held[g]), j))
                     for h in cutlass.range_constexpr(slots):
                         at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
-        best = Uint32(0)
-        for h in cutlass.range_constexpr(slots):
-            best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
-        best = cute.arch.warp_redux_sync(best, "umax")
-        above = Int32(0)
-        ties = Int32(0)
-        for h in cutlass.range_constexpr(slots):
-            above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
-            ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
-        ties = cute.arch.warp_redux_sync(ties, "add")
-        if cutlass.const_expr(not self.trim):
-            ties = Int32(-1)
-        return best, need - cute.arch.warp_redux_sync(above, "add"), ties
-
-    @cute.jit
-    def rank(self, tail: cute.Tensor, need: Int32, lane: Int32,
-             slots: cutlass.Constexpr[int] = short_digits.TAIL // 32):
-        m = Int32(tail[short_digits.GATHERED])
-        held = cute.make_rmem_tensor(slots, Uint32)
-        for h in cutlass.range_constexpr(slots):
-            held[h] = Uint32(0)
-            if lane + 32 * h < m:
-                held[h] = tail[lane + 32 * h]
-        return self.ranked(held, need, m, slots)
-
-    @cute.jit
-    def rank_union(self, tail: cute.Tensor, need: Int32, lane: Int32, slots: cutlass.Constexpr[int]):
-        gathered = cute.make_rmem_tensor(self.ctas, Int32)
-        m = Int32(0)
-        for r in cutlass.range_constexpr(self.ctas):
-            gathered[r] = load_rank(tail, Int32(short_digits.GATHERED), Int32(r))
-            m = m + gathered[r]
-        held = cute.make_rmem_tensor(slots, Uint32)
-        for h in cutlass.range_constexpr(slots):
-            held[h] = Uint32(0)
-            offset = Int32(0)
-            for r in cutlass.range_constexpr(self.ctas):
-                q = lane + 32 * h - offset
-                if (q >= 0) & (q < gathered[r]):
-                    held[h] = Uint32(load_rank(tail, q, Int32(r)))
-                offset = offset + gathered[r]
-        return self.ranked(held, need, m, slots)
 
 
 def with_threads(cls, threads: int, pdl: bool = False, one_barrier: bool = False, ties_taken: bool = False,

@@ -302,6 +302,14 @@ class ShortDigits:
             m = m + gathered[r]
         held = cute.make_rmem_tensor(slots, Uint32)
         at_least = cute.make_rmem_tensor(slots, Int32)
+        self.union_held(tail, gathered, held, at_least, lane, slots)
+        return self.rank_held(held, at_least, need, m, slots)
+
+    @cute.jit
+    def union_held(self, tail: cute.Tensor, gathered: cute.Tensor, held: cute.Tensor, at_least: cute.Tensor,
+                   lane: Int32, slots: cutlass.Constexpr[int]):
+        """Lane l's ``held`` slots: keys l, l + 32, ... of the union of the lists the cluster's CTAs
+        gathered (``gathered`` of each; 0 past them), its ``at_least`` counts cleared."""
         for h in cutlass.range_constexpr(slots):
             held[h] = Uint32(0)
             at_least[h] = Int32(0)
@@ -311,11 +319,12 @@ class ShortDigits:
                 if (q >= 0) & (q < gathered[r]):
                     held[h] = Uint32(load_rank(tail, q, Int32(r)))
                 offset = offset + gathered[r]
-        for g in cutlass.range_constexpr(slots):
-            for j in range(min(m - 32 * g, Int32(32))):
-                v = Uint32(cute.arch.shuffle_sync(Int32(held[g]), j))
-                for h in cutlass.range_constexpr(slots):
-                    at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
+
+    @cute.jit
+    def rank_held(self, held: cute.Tensor, at_least: cute.Tensor, need: Int32, m: Int32,
+                  slots: cutlass.Constexpr[int]):
+        """(t, take, ties) among the m keys the warp's lanes hold (``union_held``)."""
+        self.count_at_least(held, at_least, m, slots)
         best = Uint32(0)
         for h in cutlass.range_constexpr(slots):
             best = cutlass.select_((at_least[h] >= need) & (held[h] > best), held[h], best)
@@ -326,6 +335,15 @@ class ShortDigits:
             above = above + cutlass.select_(held[h] > best, Int32(1), Int32(0))
             ties = ties + cutlass.select_(held[h] == best, Int32(1), Int32(0))
         return best, need - cute.arch.warp_redux_sync(above, "add"), cute.arch.warp_redux_sync(ties, "add")
+
+    @cute.jit
+    def count_at_least(self, held: cute.Tensor, at_least: cute.Tensor, m: Int32, slots: cutlass.Constexpr[int]):
+        """Each held key's ``at_least``: the m keys >= it, by one shuffle a key."""
+        for g in cutlass.range_constexpr(slots):
+            for j in range(min(m - 32 * g, Int32(32))):
+                v = Uint32(cute.arch.shuffle_sync(Int32(held[g]), j))
+                for h in cutlass.range_constexpr(slots):
+                    at_least[h] = at_least[h] + cutlass.select_(v >= held[h], Int32(1), Int32(0))
 
     @cute.jit
     def cluster_bounds(self, bounds: cute.Tensor, lane: Int32):
