@@ -243,10 +243,21 @@ PHASE_SHAPES = [(1, 8 << 10), (8, 8 << 10), (64, 8 << 10), (256, 8 << 10), (8, 1
                 (8, 64 << 10), (1, 128 << 10), (8, 128 << 10)]
 
 
+def op_build(rows: int, width: int) -> tuple | None:
+    """The build ``indexer_topk`` takes for fp32 rows of ``width`` (``short_row.build_for`` on an
+    H100's or H200's 132 SMs; None: the engine)."""
+    return short_row.build_for(torch.float32, False, width, rows, 132, False, False)
+
+
+def build_label(config: tuple) -> str:
+    """A build's CTA shape: threads, or a cluster's CTAs x threads."""
+    return f"{config[7]} x {config[2]}" if len(config) > 7 else str(config[2])
+
+
 def phase_builds(rows: int, width: int) -> list[tuple]:
-    """``--phases``' builds of a shape: the op's (``short_row.build_for`` on an H100's or H200's
-    132 SMs), and at 8K columns the one-CTA build of THREADS too."""
-    built = [short_row.build_for(torch.float32, False, width, rows, 132, False, False)]
+    """``--phases``' builds of a shape: the op's (``op_build``), and at 8K columns the one-CTA build
+    of THREADS too."""
+    built = [op_build(rows, width)]
     if width <= short_row.HALF * short_digits.PER:
         built.append((torch.float32, False, short_row.THREADS, False, False, short_row.lean_for(short_row.THREADS),
                       short_row.trim_for(short_row.THREADS)))
@@ -266,7 +277,7 @@ def phases(results: str | None) -> None:
     flush = torch.empty(64 << 20, device="cuda")
     for rows, width in PHASE_SHAPES:
         for config in phase_builds(rows, width):
-            threads = f"{config[7]} x {config[2]}" if len(config) > 7 else config[2]  # a cluster's CTAs x threads
+            threads = build_label(config)
             profiled = short_row.compiled(*config, profile=True)
             plain = short_row.compiled(*config)
             for kind in ("randn", "ties"):
@@ -295,7 +306,7 @@ def phases(results: str | None) -> None:
 
 
 # ``--wide``: candidate changes to the op's own builds (one CTA, clusters, the wide rows), each built
-# at the configuration the op takes for a shape (``short_row.build_for`` on 132 SMs) and cached on
+# at the configuration the op takes for a shape (``op_build``) and cached on
 # disk like the library's kernels (prebuilt with ``--wide --prebuild`` on a machine without a GPU).
 CANDIDATES = {"unrolled rank": UnrolledRank}
 WIDE_SHAPES = [(1, 8 << 10), (8, 8 << 10), (8, 16 << 10), (8, 32 << 10), (8, 64 << 10), (1, 128 << 10),
@@ -314,8 +325,7 @@ candidate = CachedKernel("profile_short_row_candidate", _candidate, lambda targe
 def wide(results: str | None, prebuild: bool) -> None:
     """``--wide``: each candidate beside the op's build at WIDE_SHAPES, ids checked on every input
     set first (a candidate whose ids differ reads "wrong" and is not timed)."""
-    configs = {shape: short_row.build_for(torch.float32, False, shape[1], shape[0], 132, False, False)
-               for shape in WIDE_SHAPES}
+    configs = {shape: op_build(*shape) for shape in WIDE_SHAPES}
     if prebuild:
         for config in dict.fromkeys(configs.values()):
             for name in CANDIDATES:
@@ -345,8 +355,7 @@ def wide(results: str | None, prebuild: bool) -> None:
                     call(f, i)
                     same = same and torch.equal(out, want[i])
                 cells.append(graph_us(lambda i, f=f: call(f, i)) if same else "wrong")
-            label = f"{config[7]} x {config[2]}" if len(config) > 7 else config[2]
-            table.add(f"{rows}x{width >> 10}K", kind, label, *cells)
+            table.add(f"{rows}x{width >> 10}K", kind, build_label(config), *cells)
     table.emit(results)
 
 

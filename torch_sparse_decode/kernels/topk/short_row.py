@@ -143,12 +143,18 @@ def build_for(source: torch.dtype, pdl: bool, key_cols: int, rows: int, sms: int
     threads a row, lean and trimmed as those say."""
     if key_cols > SHORT_MAX:
         wide = wide_build(key_cols, rows, sms)
-        return None if wide is None else (source, pdl, wide[1], ord16, False, True, True, wide[0])
+        return None if wide is None else cluster_config(source, pdl, wide[1], ord16, wide[0])
     threads = threads_for(key_cols)
     ctas = cluster_size(rows, sms) if clusters_for(fused) else 1
     if ctas > 1:
-        return (source, pdl, threads // ctas, ord16, False, True, True, ctas)
+        return cluster_config(source, pdl, threads // ctas, ord16, ctas)
     return (source, pdl, threads, ord16, fused, lean_for(threads), trim_for(threads))
+
+
+def cluster_config(source: torch.dtype, pdl: bool, threads: int, ord16: bool, ctas: int) -> tuple:
+    """``compiled``'s configuration of a row over a cluster of ``ctas`` CTAs of ``threads``: the
+    trimmed lean build, ids alone."""
+    return (source, pdl, threads, ord16, False, True, True, ctas)
 
 
 def cluster_size(rows: int, sms: int) -> int:
@@ -354,10 +360,10 @@ def catalog(target) -> list[tuple]:
     built = [(s, pdl.enabled(pdl.for_keys(ord16)), threads, ord16, f, lean_for(threads), trim_for(threads))
              for s, ord16, f in sources for threads in (THREADS, HALF)]
     if clusters_for(False):
-        built += [(s, pdl.enabled(pdl.for_keys(ord16)), threads // c, ord16, False, True, True, c)
+        built += [cluster_config(s, pdl.enabled(pdl.for_keys(ord16)), threads // c, ord16, c)
                   for s, ord16, f in sources if not f for threads in (THREADS, HALF) for c in CLUSTER_SIZES]
     if widest(False) > SHORT_MAX:
-        built += [(s, pdl.enabled(pdl.for_keys(ord16)), t, ord16, False, True, True, c)
+        built += [cluster_config(s, pdl.enabled(pdl.for_keys(ord16)), t, ord16, c)
                   for s, ord16, f in sources if not f for c, t in wide_builds()]
     return built
 
