@@ -468,13 +468,14 @@ def opt_in_switches():
     """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.ops.moe_gate_route import front, split
-    from torch_sparse_decode.ops.moe_route import warps
+    from torch_sparse_decode.ops.moe_route import kernel as route_kernel, warps
 
     return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
             (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
             (tsd_short_row(), "CLUSTER", "short_cluster"), (tsd_short_row(), "WIDE", "short_wide"),
             (tsd_short_row(), "PAIRS", "short_pairs"),
-            (warps, "ON", "route_warps"), (split, "SPLIT", "router_split"),
+            (warps, "ON", "route_warps"), (route_kernel, "GROUP_WARPS", "route_group_warps"),
+            (split, "SPLIT", "router_split"),
             (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 
 

@@ -26,8 +26,8 @@ mkdir -p "$LOGS"
 LIMIT=${STEP_TIMEOUT:-540}
 ALL_ON="TORCH_SPARSE_DECODE_PDL=1 TORCH_SPARSE_DECODE_SHORT_ROWS=1 TORCH_SPARSE_DECODE_ROUTER_SPLIT=1 \
 TORCH_SPARSE_DECODE_FRONT_BULK=1 TORCH_SPARSE_DECODE_FRONT_MMA=1 TORCH_SPARSE_DECODE_SHORT_TRIM=1 \
-TORCH_SPARSE_DECODE_SHORT_CLUSTER=1 TORCH_SPARSE_DECODE_SHORT_PAIRS=1"
-OPT_IN_TESTS="tests/test_short_row.py tests/test_moe_route_warps.py \
+TORCH_SPARSE_DECODE_SHORT_CLUSTER=1 TORCH_SPARSE_DECODE_SHORT_PAIRS=1 TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS=1"
+OPT_IN_TESTS="tests/test_short_row.py tests/test_moe_route.py tests/test_moe_route_warps.py \
 tests/test_moe_gate_route_split.py tests/test_moe_gate_route.py tests/test_triton_cache.py"
 PDL_TESTS="tests/test_topk_engine_gpu.py tests/test_moe_route.py tests/test_moe_gate_route.py tests/test_dcp.py \
 tests/test_dcp_kernels.py"

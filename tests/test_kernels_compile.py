@@ -383,6 +383,17 @@ def _compiled_ir(kernel, *config, **named) -> str:
             env.dump_dir, env.keep_ir = saved
         return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
 
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (1024, 32, 32, 8), (64, 4, 2, 1),
+                                                      (160, 6, 8, 3), (384, 8, 1, 1)])
+def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk, groups, kept):
+    """The opt-in grouped step in the warps (``kernel.GROUP_WARPS``) compiles; at groups of 32
+    experts its build has two block barriers fewer, and elsewhere it is the plain build."""
+    f32 = torch.float32
+    config = (experts, topk, True, True, groups, kept, f32, f32, f32, True)
+    plain = _compiled_ir(moe_route.compiled, *config).count("nvvm.barrier")
+    warped = _compiled_ir(moe_route.compiled, *config, group_warps=True).count("nvvm.barrier")
+    assert warped == plain - (2 if experts // groups == 32 and groups > 1 else 0)
+
 
 # A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``),
 # and the op whose default its catalog follows (``kernels/pdl.py``; the top-k kernels' ord16 builds: the DCP's).
@@ -409,7 +420,7 @@ def test_programmatic_dependent_launch_is_chosen_per_op(monkeypatch):
     monkeypatch.setattr(pdl, "ON", None)
     monkeypatch.setattr(pdl, "DEFAULT_ON", frozenset({pdl.ROUTE, pdl.DCP}))
     assert [pdl.enabled(op) for op in (pdl.ROUTE, pdl.FRONT, pdl.TOPK, pdl.DCP)] == [True, False, False, True]
-    assert {c[-1] for c in route.compiled.catalog(target)} == {True}
+    assert {c[9] for c in route.compiled.catalog(target)} == {True}
     assert {c[8] for c in front.compiled.catalog(target)} == {False}
     assert {(c[3], c[-1]) for c in engine.compiled.catalog(target)} == {(False, False), (True, True)}
     assert {(c[3], c[1]) for c in short_row.compiled.catalog(target)} == {(False, False), (True, True)}

@@ -164,13 +164,26 @@ def test_renormalize_never_overflows_and_inf_shares(device):
 
 # ------------------------------------------------------------------ grouped routing, dtypes, k <= 32
 
-GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (96, 12, 12, 12), (8, 2, 8, 2)]
+GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (96, 12, 12, 12), (8, 2, 8, 2),
+           (512, 8, 16, 4), (64, 4, 2, 1), (96, 6, 3, 2)]
+
+
+@pytest.fixture(params=[False, True], ids=["block", "group_warps"])
+def group_warps(request, monkeypatch, device):
+    """Both ways the CTA kernel keeps the best groups: by the block, and (groups of 32 experts,
+    opt-in) in the warps that hold them (``kernel.GROUP_WARPS``)."""
+    from torch_sparse_decode.ops.moe_route import kernel
+
+    if request.param and device == "cpu":
+        pytest.skip("a CUDA kernel's switch")
+    monkeypatch.setattr(kernel, "GROUP_WARPS", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,kept", GROUPED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_grouped_routing_of_every_kind(device, experts, topk, groups, kept, kind):
+def test_grouped_routing_of_every_kind(group_warps, device, experts, topk, groups, kept, kind):
     s = scores(kind, (9, experts), seed=experts + groups)
     if kind in ("random", "bf16_plateau"):
         s = torch.sigmoid(s)
@@ -180,7 +193,7 @@ def test_grouped_routing_of_every_kind(device, experts, topk, groups, kept, kind
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(device):
+def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(group_warps, device):
     """Random scores (no ties, no NaN): the same experts as DeepSeek-V3's own code, 256 experts in
     8 groups, 4 kept, top 8, scale 2.5."""
     gen = torch.Generator().manual_seed(21)
@@ -193,7 +206,7 @@ def test_grouped_routing_is_deepseek_v3s_on_distinct_keys(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_no_expert_outside_the_kept_groups_even_when_every_kept_key_is_negative(device):
+def test_no_expert_outside_the_kept_groups_even_when_every_kept_key_is_negative(group_warps, device):
     """Masking the other groups with 0.0 would pick them here; so would -inf where the kept keys
     are -inf or NaN (ties go to the lower id, and the other groups come first)."""
     s = torch.zeros(4, 64)
@@ -216,7 +229,7 @@ def test_no_expert_outside_the_kept_groups_even_when_every_kept_key_is_negative(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_group_ties(device):
+def test_group_ties(group_warps, device):
     """Two groups whose two best keys sum alike (the lower group wins), a tie made of different
     pairs (0.5 + 0.25 against 0.375 + 0.375), ties inside a kept group, all-equal rows, -0.0 against
     +0.0, and a group of +inf and -inf (its sum is NaN: it ranks last)."""
@@ -240,6 +253,35 @@ def test_group_ties(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_group_ties_in_groups_of_32(group_warps, device):
+    """``test_group_ties`` where each group is one warp's register (8 groups of 32): sums alike
+    from different pairs (the lower group wins), all-equal rows, -0.0 against +0.0, a group of
+    +inf and -inf (NaN: last), a NaN group, ties inside every group, and the kept groups' keys
+    negative."""
+    inf = float("inf")
+    s = torch.full((8, 256), 0.125)
+    s[0, 64:68] = torch.tensor([0.5, 0.25, 0.0, 0.0])
+    s[0, 160:164] = torch.tensor([0.375, 0.375, 0.0, 0.0])
+    s[1] = 0.25
+    s[2, :32] = -0.0
+    s[2, 32:] = -1.0
+    s[2, 224:] = 0.0
+    s[3, :32] = -inf
+    s[3, 0] = inf
+    s[3, 32:] = -1.0
+    s[4, ::2] = 0.75
+    s[5, 96:128] = float("nan")
+    s[5, 128:160] = -0.5
+    s[6] = -torch.rand(256, generator=torch.Generator().manual_seed(3))
+    s[7] = torch.randn(256, generator=torch.Generator().manual_seed(2))
+    b = torch.zeros(256)
+    for kept in (1, 2, 3, 8):
+        check(s, b, 8, device, num_expert_group=8, topk_group=kept)
+    _, ids = route(s, b, 8, device, num_expert_group=8, topk_group=1)
+    assert ((ids[0] >= 64) & (ids[0] < 96)).all()  # group 2 of the tie with group 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", [(512, 22), (1024, 32), (1024, 23), (33, 32), (32, 32)])
 def test_topk_up_to_32(device, experts, topk):
     for kind in ("random", "all_equal", "few_distinct", "nan_mixed", "inf_mixed"):
@@ -250,7 +292,7 @@ def test_topk_up_to_32(device, experts, topk):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("groups,kept", [(1, 1), (8, 4)])
-def test_half_precision_scores_widen_exactly(device, dtype, groups, kept):
+def test_half_precision_scores_widen_exactly(group_warps, device, dtype, groups, kept):
     """bf16 / fp16 scores rank as their exact fp32 values (ties that only the narrow type makes
     stay ties, broken by the lower id); weights in fp32 or in the scores' dtype (the fp32 weights
     rounded once); the bias in fp32 or in the scores' dtype."""
@@ -270,7 +312,7 @@ def test_half_precision_scores_widen_exactly(device, dtype, groups, kept):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_grouped_largest_batch(device):
+def test_grouped_largest_batch(group_warps, device):
     s = torch.sigmoid(scores("random", (8192, 256), seed=13))
     s[::5] = 0.5  # CUDA-graph padding rows
     s[1::5, 64:96] = float("nan")
@@ -280,7 +322,7 @@ def test_grouped_largest_batch(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,second", [(64, 4, 32, 16), (512, 20, 32, 16), (1024, 32, 32, 16),
                                                          (544, 20, 32, 15)])
-def test_kept_experts_in_fewer_lanes_than_topk(device, experts, topk, groups, second):
+def test_kept_experts_in_fewer_lanes_than_topk(group_warps, device, experts, topk, groups, second):
     """The kept groups' experts share fewer threshold groups than topk (64 / 4: 2 lanes; 544 / 20:
     18 of the lane halves that topk > 16 uses): the topk-th largest maximum is then no real key,
     and the threshold must admit every key. Negative scores, so a threshold read from
@@ -307,12 +349,15 @@ def test_programmatic_dependent_launch_follows_the_switch():
     from torch_sparse_decode.ops.moe_route import kernel
 
     assert pdl.ON == {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
-    assert {config[-1] for config in kernel.compiled.catalog(Target("sm_90a", 132, MODELS))} == {pdl.enabled(pdl.ROUTE)}
+    catalog = kernel.compiled.catalog(Target("sm_90a", 132, MODELS))
+    assert {config[9] for config in catalog} == {pdl.enabled(pdl.ROUTE)}
+    assert {config[10] for config in catalog} == {kernel.GROUP_WARPS}
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
-def test_results_unchanged_as_a_programmatic_dependent(monkeypatch, graph):
+@pytest.mark.parametrize("device", ["cuda"])
+def test_results_unchanged_as_a_programmatic_dependent(group_warps, monkeypatch, graph):
     """Launched as a programmatic dependent of the router GEMM that writes its logits (eagerly and
     in a CUDA graph, fresh inputs each replay): the ids and weights of the reference on those
     logits, every time (a read before the GEMM finished would give another answer)."""

@@ -11,6 +11,9 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
    reduces groups w, w + 8, ... to their two best keys (a butterfly over the lanes) and their
    fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
    group) and every expert outside the ``topk_group`` best groups drops below every real key.
+   Groups of 32 experts (DeepSeek-V3's), opt-in (``GROUP_WARPS``): register i of warp w holds
+   group w + 8 i whole, so the warp scores it from registers, and after one barrier (the group
+   keys') each warp ranks its own groups: one block barrier instead of three.
 3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
    lane-group maxima, t0, has at least ``topk`` keys >= it, so every selected key is >= t0. At
    topk > 16 that t0 is loose (at 1024 / 32 it is the least of the 32 maxima: ~120 candidates,
@@ -35,6 +38,8 @@ torch's CUDA sigmoid uses, so ids match ``moe_route(torch.sigmoid(x))`` on the s
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import cutlass
@@ -47,23 +52,28 @@ from ...kernels.cute import warps_before
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 from . import warps
 from .build import Routing, compile_route, grouping, routings
-from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized
+from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized, unordered
 
 THREADS = 256
 WARPS = THREADS // 32
 
 
 SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshold groups
+# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS=1): groups of 32 experts
+# scored and ranked by the warps that hold them (step 2); read at each launch.
+GROUP_WARPS = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS") == "1"
 
 
 class MoeRoute(Routing):
     """The CTA kernel at one routing configuration (``build.Routing``)."""
 
-    def __init__(self, *config):
+    def __init__(self, *config, group_warps: bool = False):
         super().__init__(*config)
         self.per_thread = -(-self.experts // THREADS)
         # Threshold groups per lane (step 3).
         self.parts = 2 if self.topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
+        # Step 2 in the warps that hold the groups: only where a group is one warp's register.
+        self.group_warps = group_warps and self.groups > 1 and self.group_size == 32
 
     @cute.jit
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
@@ -120,6 +130,37 @@ class MoeRoute(Routing):
             expert = tid + THREADS * i
             if expert < self.experts:
                 if kept[expert // self.group_size] == 0:
+                    keys[i] = Int64(KEY_NONE)
+
+    @cute.jit
+    def keep_groups_in_warps(self, keys: cute.Tensor, group_key: cute.Tensor, tid: Int32):
+        """``keep_best_groups`` for groups of 32 experts: register i of warp w holds group w + 8 i
+        (expert ``tid + 256 i``), so the warp takes its two best keys by the same butterfly from
+        registers; after the group keys' barrier each warp ranks its own groups (the same counts,
+        by a ballot). The same sums and comparisons, so the same groups drop."""
+        warp, lane = tid // 32, tid % 32
+        for i in cutlass.range_constexpr(self.per_thread):
+            group = warp + WARPS * i
+            if group < self.groups:  # warp-uniform
+                first = unordered(Int32(keys[i] >> Int64(32)))  # the canonical key
+                second = Float32(-Float32.inf)
+                for b in cutlass.range_constexpr(5):
+                    other_first = cute.arch.shuffle_sync_bfly(first, offset=1 << b)
+                    other_second = cute.arch.shuffle_sync_bfly(second, offset=1 << b)
+                    second = max(max(second, other_second), min(first, other_first))
+                    first = max(first, other_first)
+                if lane == 0:
+                    group_key[group] = expert_key(canonical(first + second), group)
+        cute.arch.sync_threads()
+        for i in cutlass.range_constexpr(self.per_thread):
+            group = warp + WARPS * i
+            if group < self.groups:
+                mine = group_key[group]
+                other = Int64(KEY_NONE)
+                if lane < self.groups:
+                    other = group_key[lane]
+                above = Int32(cute.arch.popc(cute.arch.vote_ballot_sync(other > mine)))
+                if above >= self.topk_group:
                     keys[i] = Int64(KEY_NONE)
 
     @cute.jit
@@ -231,7 +272,7 @@ class MoeRoute(Routing):
                 score, key = loaded(scores, bias, token, expert, self.apply_sigmoid)
                 keys[i] = expert_key(key, expert)
                 score_of[i] = score
-                if cutlass.const_expr(self.groups > 1):
+                if cutlass.const_expr(self.groups > 1 and not self.group_warps):
                     value[expert] = canonical(key)
 
     # Shared memory route() allocates at most, with each array's 16-byte padding (kernels that
@@ -260,8 +301,11 @@ class MoeRoute(Routing):
         if cutlass.const_expr(self.groups > 1):
             group_key = smem.allocate_tensor(Int64, cute.make_layout(32), 16)
             kept = smem.allocate_tensor(Int32, cute.make_layout(32), 16)
-            cute.arch.sync_threads()
-            self.keep_best_groups(keys, value, group_key, kept, tid)
+            if cutlass.const_expr(self.group_warps):
+                self.keep_groups_in_warps(keys, group_key, tid)
+            else:
+                cute.arch.sync_threads()
+                self.keep_best_groups(keys, value, group_key, kept, tid)
 
         self.select(keys, score_of, group_max, maxima, threshold, warp_count, cand_key, cand_weight, picked, ids,
                     token, tid)
@@ -278,12 +322,17 @@ class MoeRoute(Routing):
                 weights[token, lane] = (weight * scale).to(weights.element_type)
 
 
-@cached_kernel("moe_route", routings)
+def catalog(target) -> list[tuple]:
+    """The catalog's routings (``build.routings``), with this module's switch as it is set."""
+    return [config + (GROUP_WARPS,) for config in routings(target)]
+
+
+@cached_kernel("moe_route", catalog)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
-             weights_dtype: torch.dtype = torch.float32, pdl: bool = False):
+             weights_dtype: torch.dtype = torch.float32, pdl: bool = False, group_warps: bool = False):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
-    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl)
+    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl, group_warps=group_warps)
     return compile_route(kernel, experts, topk, source, bias_dtype, weights_dtype)
 
 
@@ -298,4 +347,4 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype, pdl.enabled(pdl.ROUTE))(scores, bias, scale, weights, ids)
+             weights.dtype, pdl.enabled(pdl.ROUTE), GROUP_WARPS)(scores, bias, scale, weights, ids)
