@@ -18,7 +18,9 @@ compared on every input set, then timed. Their objects go to the disk cache like
 kernels, keyed by this file, so ``--wide --prebuild`` on a machine without a GPU (with
 ``CUTE_DSL_ARCH=sm_90a`` and ``TORCH_SPARSE_DECODE_CACHE`` set) spares the GPU their compiles.
 The candidate: ``UnrolledRank``, the settling bin's keys ranked with every shuffle unrolled
-(at 18cb34f the settle took 9785 of 8 x 128K's 29833 cycles, 2543 of 1 x 8K's 10300).
+(at 18cb34f the settle took 9785 of 8 x 128K's 29833 cycles, 2543 of 1 x 8K's 10300). Measured
+(H100, 1213a83): no faster anywhere, slower at 8 x 16K-64K (8 x 32K 9.14 against 7.98 us); kept
+as the example of a candidate.
 
 Cuts: launch only (the same CTA and shared memory, reading the row's length), read only (the
 launch and the row read into registers as the kernel reads it), no tail (all four digit rounds,

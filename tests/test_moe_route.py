@@ -171,7 +171,7 @@ GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (9
 @pytest.fixture(params=[False, True], ids=["block", "group_warps"])
 def group_warps(request, monkeypatch, device):
     """Both ways the CTA kernel keeps the best groups: by the block, and (groups of 32 experts,
-    opt-in) in the warps that hold them (``kernel.GROUP_WARPS``)."""
+    the default) in the warps that hold them (``kernel.GROUP_WARPS``)."""
     from torch_sparse_decode.ops.moe_route import kernel
 
     if request.param and device == "cpu":

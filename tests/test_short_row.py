@@ -149,7 +149,7 @@ def test_wide_rows_on_and_built_as_asked(monkeypatch):
     PAIRS; 64K: 8 of 512; 128K: 8 of 1024); more rows, wider ones, and the fused outputs past
     SHORT_MAX take the engine."""
     assert short_row.WIDE == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_WIDE", "1") != "0")
-    assert short_row.PAIRS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "0") == "1")  # opt-in
+    assert short_row.PAIRS == (os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "1") != "0")  # on by default
     for name, value in (("SHORT_ROWS", True), ("LEAN", True), ("TRIM", True), ("CLUSTER", True), ("WIDE", True),
                         ("PAIRS", True)):
         monkeypatch.setattr(short_row, name, value)

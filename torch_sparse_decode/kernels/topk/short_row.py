@@ -86,10 +86,10 @@ HALF = THREADS // 2
 # 21.4 against 15.3 at 1 x 128K (H100, benchmarks/probe_wide_clusters.py).
 WIDE_BUILDS = ((8, THREADS // 4), (4, HALF), (2, THREADS), (8, HALF), (8, THREADS))
 WIDE_MAX = WIDE_BUILDS[-1][0] * WIDE_BUILDS[-1][1] * PER
-# Opt-in (TORCH_SPARSE_DECODE_SHORT_PAIRS=1) until its GPU tests have run: PAIR takes 34-66 rows of 32K
-# key columns, which take the engine without it (H100, 64 x 32K: 15.2 us against the engine's 18.4,
-# and 14.9 against 26.6 on rows of four values; ids the same as the engine's). Read at each launch.
-PAIRS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "0") == "1"
+# On by default (TORCH_SPARSE_DECODE_SHORT_PAIRS=0: off): PAIR takes 34-66 rows of 32K key columns,
+# which take the engine without it (H100, 64 x 32K: 14.8-14.9 us against the engine's 18.0-18.1, and
+# 14.0-14.4 against 16.2-16.3 on all-equal rows; 34 x 32K 13.8 against 17.1). Read at each launch.
+PAIRS = os.environ.get("TORCH_SPARSE_DECODE_SHORT_PAIRS", "1") != "0"
 PAIR = (2, THREADS)
 
 

@@ -11,7 +11,7 @@ Design: one CTA of 256 threads (8 warps) per token, one launch for the whole rou
    reduces groups w, w + 8, ... to their two best keys (a butterfly over the lanes) and their
    fp32 sum; warp 0 ranks the <= 32 group scores (unique 64-bit keys again, ties to the lower
    group) and every expert outside the ``topk_group`` best groups drops below every real key.
-   Groups of 32 experts (DeepSeek-V3's), opt-in (``GROUP_WARPS``): register i of warp w holds
+   Groups of 32 experts (DeepSeek-V3's; ``GROUP_WARPS``): register i of warp w holds
    group w + 8 i whole, so the warp scores it from registers, and after one barrier (the group
    keys') each warp ranks its own groups: one block barrier instead of three.
 3. Threshold: expert ``e`` belongs to lane group ``e % 32``. The ``topk``-th largest of the 32
@@ -59,17 +59,23 @@ WARPS = THREADS // 32
 
 
 SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshold groups
-# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS=1): groups of 32 experts
-# scored and ranked by the warps that hold them (step 2); read at each launch.
-GROUP_WARPS = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS") == "1"
+# On by default (TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS=0: off): groups of 32 experts scored and ranked
+# by the warps that hold them (step 2): DeepSeek-V3 at T = 1 / 64 / 256, 2.92 / 3.06 / 3.34 us against
+# 3.02 / 3.14 / 3.40 (H100, PDL, median of two). Read at each launch.
+GROUP_WARPS = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS", "1") != "0"
+# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_ROUTE_THREADS=128): a token's CTA of 128
+# threads (4 warps: half the warps at each barrier and cross-warp step, twice the experts a thread);
+# read at each launch.
+ROUTE_THREADS = int(os.environ.get("TORCH_SPARSE_DECODE_ROUTE_THREADS", str(THREADS)))
 
 
 class MoeRoute(Routing):
     """The CTA kernel at one routing configuration (``build.Routing``)."""
 
-    def __init__(self, *config, group_warps: bool = False):
+    def __init__(self, *config, group_warps: bool = False, threads: int = THREADS):
         super().__init__(*config)
-        self.per_thread = -(-self.experts // THREADS)
+        self.threads, self.warps = threads, threads // 32
+        self.per_thread = -(-self.experts // self.threads)
         # Threshold groups per lane (step 3).
         self.parts = 2 if self.topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
         # Step 2 in the warps that hold the groups: only where a group is one warp's register.
@@ -79,7 +85,7 @@ class MoeRoute(Routing):
     def __call__(self, scores: cute.Tensor, bias: cute.Tensor, scale: Float32, weights: cute.Tensor,
                  ids: cute.Tensor, stream):
         self.kernel(scores, bias, scale, weights, ids).launch(
-            grid=[scores.shape[0], 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl
+            grid=[scores.shape[0], 1, 1], block=[self.threads, 1, 1], stream=stream, use_pdl=self.pdl
         )
 
     @cute.jit
@@ -109,8 +115,8 @@ class MoeRoute(Routing):
                          tid: Int32):
         """Experts outside the ``topk_group`` best groups drop to KEY_NONE in ``keys``."""
         warp, lane = tid // 32, tid % 32
-        for g in cutlass.range_constexpr(-(-self.groups // WARPS)):
-            group = g * WARPS + warp
+        for g in cutlass.range_constexpr(-(-self.groups // self.warps)):
+            group = g * self.warps + warp
             if group < self.groups:
                 score = self.group_score(value, group, lane)
                 if lane == 0:
@@ -127,7 +133,7 @@ class MoeRoute(Routing):
                 kept[lane] = Int32(above < self.topk_group)
         cute.arch.sync_threads()
         for i in cutlass.range_constexpr(self.per_thread):
-            expert = tid + THREADS * i
+            expert = tid + self.threads * i
             if expert < self.experts:
                 if kept[expert // self.group_size] == 0:
                     keys[i] = Int64(KEY_NONE)
@@ -140,7 +146,7 @@ class MoeRoute(Routing):
         by a ballot). The same sums and comparisons, so the same groups drop."""
         warp, lane = tid // 32, tid % 32
         for i in cutlass.range_constexpr(self.per_thread):
-            group = warp + WARPS * i
+            group = warp + self.warps * i
             if group < self.groups:  # warp-uniform
                 first = unordered(Int32(keys[i] >> Int64(32)))  # the canonical key
                 second = Float32(-Float32.inf)
@@ -153,7 +159,7 @@ class MoeRoute(Routing):
                     group_key[group] = expert_key(canonical(first + second), group)
         cute.arch.sync_threads()
         for i in cutlass.range_constexpr(self.per_thread):
-            group = warp + WARPS * i
+            group = warp + self.warps * i
             if group < self.groups:
                 mine = group_key[group]
                 other = Int64(KEY_NONE)
@@ -185,10 +191,10 @@ class MoeRoute(Routing):
         # maximum is the topk-th; where fewer than topk maxima are real (experts outside the kept
         # groups are KEY_NONE), t0 stays KEY_NONE. ``share`` threads rank each maximum together.
         groups = parts * 32
-        share = THREADS // groups
+        share = self.threads // groups
         if tid < groups:
             best = group_max[0, tid]
-            for w in cutlass.range_constexpr(1, WARPS):
+            for w in cutlass.range_constexpr(1, self.warps):
                 best = max(best, group_max[w, tid])
             maxima[tid] = best
         cute.arch.sync_threads()
@@ -212,7 +218,7 @@ class MoeRoute(Routing):
         if lane == 0:
             warp_count[warp] = count
         cute.arch.sync_threads()
-        base, total = warps_before(warp_count, warp, WARPS)
+        base, total = warps_before(warp_count, warp, self.warps)
         for i in cutlass.range_constexpr(self.per_thread):
             candidate = keys[i] >= cutoff
             ballot = cute.arch.vote_ballot_sync(candidate)
@@ -227,9 +233,9 @@ class MoeRoute(Routing):
         # candidate, each counting over every P-th candidate, so short lists finish in a few steps.
         lanes_per = Int32(1)
         for s in cutlass.range_constexpr(5):
-            if total * (2 << s) <= THREADS:
+            if total * (2 << s) <= self.threads:
                 lanes_per = Int32(2 << s)
-        per_pass = THREADS // lanes_per
+        per_pass = self.threads // lanes_per
         for first in range(0, total, per_pass):
             j = first + tid // lanes_per
             above = Int32(0)
@@ -265,7 +271,7 @@ class MoeRoute(Routing):
         canonical key, for grouped routing) from ``src`` = (scores, bias)."""
         scores, bias = src
         for i in cutlass.range_constexpr(self.per_thread):
-            expert = tid + THREADS * i
+            expert = tid + self.threads * i
             keys[i] = Int64(KEY_NONE)
             score_of[i] = Float32(0.0)
             if expert < self.experts:
@@ -283,10 +289,10 @@ class MoeRoute(Routing):
     def route(self, smem, src, token: Int32, scale: Float32, weights: cute.Tensor, ids: cute.Tensor, tid: Int32):
         """Steps 1-5 for one token, its keys from ``src`` by ``load_keys``."""
         warp, lane = tid // 32, tid % 32
-        group_max = smem.allocate_tensor(Int64, cute.make_layout((WARPS, 64), stride=(64, 1)), 16)
+        group_max = smem.allocate_tensor(Int64, cute.make_layout((self.warps, 64), stride=(64, 1)), 16)
         maxima = smem.allocate_tensor(Int64, cute.make_layout(64), 16)
         threshold = smem.allocate_tensor(Int64, cute.make_layout(1), 16)
-        warp_count = smem.allocate_tensor(Int32, cute.make_layout(WARPS), 16)
+        warp_count = smem.allocate_tensor(Int32, cute.make_layout(self.warps), 16)
         cand_key = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS), 16)
         cand_weight = smem.allocate_tensor(Float32, cute.make_layout(MAX_EXPERTS), 16)
         picked = smem.allocate_tensor(Float32, cute.make_layout(32), 16)
@@ -324,15 +330,17 @@ class MoeRoute(Routing):
 
 def catalog(target) -> list[tuple]:
     """The catalog's routings (``build.routings``), with this module's switch as it is set."""
-    return [config + (GROUP_WARPS,) for config in routings(target)]
+    return [config + (GROUP_WARPS, ROUTE_THREADS) for config in routings(target)]
 
 
 @cached_kernel("moe_route", catalog)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
-             weights_dtype: torch.dtype = torch.float32, pdl: bool = False, group_warps: bool = False):
+             weights_dtype: torch.dtype = torch.float32, pdl: bool = False, group_warps: bool = False,
+             threads: int = THREADS):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
-    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl, group_warps=group_warps)
+    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl, group_warps=group_warps,
+                      threads=threads)
     return compile_route(kernel, experts, topk, source, bias_dtype, weights_dtype)
 
 
@@ -347,4 +355,4 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype, pdl.enabled(pdl.ROUTE), GROUP_WARPS)(scores, bias, scale, weights, ids)
+             weights.dtype, pdl.enabled(pdl.ROUTE), GROUP_WARPS, ROUTE_THREADS)(scores, bias, scale, weights, ids)
