@@ -395,6 +395,14 @@ def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk,
     assert warped == plain - (2 if experts // groups == 32 and groups > 1 else 0)
 
 
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1), (1024, 32, 32, 8),
+                                                      (896, 16, 1, 1), (17, 16, 1, 1)])
+def test_moe_route_compiles_at_128_threads(experts, topk, groups, kept):
+    """The opt-in 128-thread CTA (``kernel.ROUTE_THREADS``) compiles, with the groups in its warps."""
+    f32 = torch.float32
+    assert moe_route.compiled(experts, topk, True, True, groups, kept, f32, f32, f32, True, True, 128) is not None
+
+
 # A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``),
 # and the op whose default its catalog follows (``kernels/pdl.py``; the top-k kernels' ord16 builds: the DCP's).
 PDL_BUILDS = {

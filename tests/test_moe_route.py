@@ -49,7 +49,7 @@ def check(s, b, topk, device, weights_dtype=torch.float32, **kw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", SHAPES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_scores_of_every_kind(device, experts, topk, kind):
+def test_scores_of_every_kind(route_threads, device, experts, topk, kind):
     s = scores(kind, (9, experts), seed=experts + topk)
     if kind in ("random", "bf16_plateau"):
         s = torch.sigmoid(s)
@@ -116,7 +116,7 @@ def test_empty_batch(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", [(896, 16), (1024, 16), (384, 8)])
-def test_crowded_candidates(device, experts, topk):
+def test_crowded_candidates(route_threads, device, experts, topk):
     """The top keys concentrated in half of the expert groups (e % 32): a long candidate list."""
     gen = torch.Generator().manual_seed(experts)
     s = torch.rand(6, experts, generator=gen) * 0.1
@@ -168,6 +168,17 @@ GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (9
            (512, 8, 16, 4), (64, 4, 2, 1), (96, 6, 3, 2)]
 
 
+@pytest.fixture(params=[256, 128], ids=["256_threads", "128_threads"])
+def route_threads(request, monkeypatch, device):
+    """The CTA kernel at 256 threads a token and (opt-in) at 128 (``kernel.ROUTE_THREADS``)."""
+    from torch_sparse_decode.ops.moe_route import kernel
+
+    if request.param != kernel.THREADS and device == "cpu":
+        pytest.skip("a CUDA kernel's switch")
+    monkeypatch.setattr(kernel, "ROUTE_THREADS", request.param)
+    return request.param
+
+
 @pytest.fixture(params=[False, True], ids=["block", "group_warps"])
 def group_warps(request, monkeypatch, device):
     """Both ways the CTA kernel keeps the best groups: by the block, and (groups of 32 experts,
@@ -183,7 +194,7 @@ def group_warps(request, monkeypatch, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,kept", GROUPED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_grouped_routing_of_every_kind(group_warps, device, experts, topk, groups, kept, kind):
+def test_grouped_routing_of_every_kind(route_threads, group_warps, device, experts, topk, groups, kept, kind):
     s = scores(kind, (9, experts), seed=experts + groups)
     if kind in ("random", "bf16_plateau"):
         s = torch.sigmoid(s)
@@ -253,7 +264,7 @@ def test_group_ties(group_warps, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_group_ties_in_groups_of_32(group_warps, device):
+def test_group_ties_in_groups_of_32(route_threads, group_warps, device):
     """``test_group_ties`` where each group is one warp's register (8 groups of 32): sums alike
     from different pairs (the lower group wins), all-equal rows, -0.0 against +0.0, a group of
     +inf and -inf (NaN: last), a NaN group, ties inside every group, and the kept groups' keys
@@ -283,7 +294,7 @@ def test_group_ties_in_groups_of_32(group_warps, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", [(512, 22), (1024, 32), (1024, 23), (33, 32), (32, 32)])
-def test_topk_up_to_32(device, experts, topk):
+def test_topk_up_to_32(route_threads, device, experts, topk):
     for kind in ("random", "all_equal", "few_distinct", "nan_mixed", "inf_mixed"):
         s = scores(kind, (17, experts), seed=topk)
         check(s, torch.randn(experts, generator=torch.Generator().manual_seed(3)) * 0.01, topk, device, scale=1.5)
@@ -322,7 +333,7 @@ def test_grouped_largest_batch(group_warps, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,second", [(64, 4, 32, 16), (512, 20, 32, 16), (1024, 32, 32, 16),
                                                          (544, 20, 32, 15)])
-def test_kept_experts_in_fewer_lanes_than_topk(group_warps, device, experts, topk, groups, second):
+def test_kept_experts_in_fewer_lanes_than_topk(route_threads, group_warps, device, experts, topk, groups, second):
     """The kept groups' experts share fewer threshold groups than topk (64 / 4: 2 lanes; 544 / 20:
     18 of the lane halves that topk > 16 uses): the topk-th largest maximum is then no real key,
     and the threshold must admit every key. Negative scores, so a threshold read from
