@@ -362,7 +362,7 @@ def test_programmatic_dependent_launch_follows_the_switch():
     assert pdl.ON == {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
     catalog = kernel.compiled.catalog(Target("sm_90a", 132, MODELS))
     assert {config[9] for config in catalog} == {pdl.enabled(pdl.ROUTE)}
-    assert {config[10] for config in catalog} == {kernel.GROUP_WARPS}
+    assert {config[10:] for config in catalog} == {(kernel.GROUP_WARPS, kernel.ROUTE_THREADS)}
 
 
 @pytest.mark.gpu

@@ -1,6 +1,7 @@
 """CUDA kernel of ``moe_route`` (CuTe DSL, SM90; nothing SM90-only, so it runs on SM100 too).
 
-Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing.
+Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing (opt-in,
+``ROUTE_THREADS``: 128 threads, each with twice the experts; the steps below are the same).
 
 1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced), widens bf16 / fp16
    scores to fp32, applies the optional sigmoid, adds the bias and builds a 64-bit key: the
