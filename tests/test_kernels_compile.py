@@ -386,8 +386,8 @@ def _compiled_ir(kernel, *config, **named) -> str:
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (1024, 32, 32, 8), (64, 4, 2, 1),
                                                       (160, 6, 8, 3), (384, 8, 1, 1)])
 def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk, groups, kept):
-    """The opt-in grouped step in the warps (``kernel.GROUP_WARPS``) compiles; at groups of 32
-    experts its build has two block barriers fewer, and elsewhere it is the plain build."""
+    """The grouped step in the warps (``kernel.GROUP_WARPS``) compiles; at groups of 32 experts
+    its build has two block barriers fewer, and elsewhere it is the plain build."""
     f32 = torch.float32
     config = (experts, topk, True, True, groups, kept, f32, f32, f32, True)
     plain = _compiled_ir(moe_route.compiled, *config).count("nvvm.barrier")

@@ -70,6 +70,17 @@ GROUP_WARPS = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS", "1") != "0
 ROUTE_THREADS = int(os.environ.get("TORCH_SPARSE_DECODE_ROUTE_THREADS", str(THREADS)))
 
 
+@cute.jit
+def best_two(first: Float32, second: Float32):
+    """The warp's two best keys from each lane's (first, second): a butterfly, every lane gets them."""
+    for b in cutlass.range_constexpr(5):
+        other_first = cute.arch.shuffle_sync_bfly(first, offset=1 << b)
+        other_second = cute.arch.shuffle_sync_bfly(second, offset=1 << b)
+        second = max(max(second, other_second), min(first, other_first))
+        first = max(first, other_first)
+    return first, second
+
+
 class MoeRoute(Routing):
     """The CTA kernel at one routing configuration (``build.Routing``)."""
 
@@ -101,11 +112,7 @@ class MoeRoute(Routing):
                 v = value[group * self.group_size + j * 32 + lane]
                 second = max(second, min(first, v))
                 first = max(first, v)
-        for b in cutlass.range_constexpr(5):
-            other_first = cute.arch.shuffle_sync_bfly(first, offset=1 << b)
-            other_second = cute.arch.shuffle_sync_bfly(second, offset=1 << b)
-            second = max(max(second, other_second), min(first, other_first))
-            first = max(first, other_first)
+        first, second = best_two(first, second)
         total = first
         if cutlass.const_expr(self.group_size > 1):
             total = first + second
@@ -141,21 +148,16 @@ class MoeRoute(Routing):
 
     @cute.jit
     def keep_groups_in_warps(self, keys: cute.Tensor, group_key: cute.Tensor, tid: Int32):
-        """``keep_best_groups`` for groups of 32 experts: register i of warp w holds group w + 8 i
-        (expert ``tid + 256 i``), so the warp takes its two best keys by the same butterfly from
-        registers; after the group keys' barrier each warp ranks its own groups (the same counts,
-        by a ballot). The same sums and comparisons, so the same groups drop."""
+        """``keep_best_groups`` for groups of 32 experts: register i of warp w holds group
+        w + warps * i (expert ``tid + threads * i``), so the warp takes its two best keys by the same
+        butterfly from registers; after the group keys' barrier each warp ranks its own groups (the
+        same counts, by a ballot). The same sums and comparisons, so the same groups drop."""
         warp, lane = tid // 32, tid % 32
         for i in cutlass.range_constexpr(self.per_thread):
             group = warp + self.warps * i
             if group < self.groups:  # warp-uniform
-                first = unordered(Int32(keys[i] >> Int64(32)))  # the canonical key
-                second = Float32(-Float32.inf)
-                for b in cutlass.range_constexpr(5):
-                    other_first = cute.arch.shuffle_sync_bfly(first, offset=1 << b)
-                    other_second = cute.arch.shuffle_sync_bfly(second, offset=1 << b)
-                    second = max(max(second, other_second), min(first, other_first))
-                    first = max(first, other_first)
+                # A lane's one key (canonical) and no second: the first pass of ``group_score``.
+                first, second = best_two(unordered(Int32(keys[i] >> Int64(32))), Float32(-Float32.inf))
                 if lane == 0:
                     group_key[group] = expert_key(canonical(first + second), group)
         cute.arch.sync_threads()
