@@ -397,10 +397,11 @@ def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk,
 
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1), (1024, 32, 32, 8),
                                                       (896, 16, 1, 1), (17, 16, 1, 1)])
-def test_moe_route_compiles_at_128_threads(experts, topk, groups, kept):
-    """The opt-in 128-thread CTA (``kernel.ROUTE_THREADS``) compiles, with the groups in its warps."""
+@pytest.mark.parametrize("threads", [128, 64])
+def test_moe_route_compiles_at_fewer_threads(experts, topk, groups, kept, threads):
+    """The opt-in 128- and 64-thread CTAs (``kernel.ROUTE_THREADS``) compile, with the groups in their warps."""
     f32 = torch.float32
-    assert moe_route.compiled(experts, topk, True, True, groups, kept, f32, f32, f32, True, True, 128) is not None
+    assert moe_route.compiled(experts, topk, True, True, groups, kept, f32, f32, f32, True, True, threads) is not None
 
 
 # A small configuration of each CuTe kernel that takes the PDL switch (its build's arguments before ``pdl``),
