@@ -383,6 +383,50 @@ def _compiled_ir(kernel, *config, **named) -> str:
             env.dump_dir, env.keep_ir = saved
         return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
 
+def _compiled_ptx(kernel, *config, **named) -> str:
+    """The PTX of one configuration, compiled afresh."""
+    import tempfile
+    from pathlib import Path
+
+    from torch_sparse_decode.kernels.compile import _dsl
+
+    env = _dsl().envar
+    saved = env.dump_dir, env.keep_ptx
+    with tempfile.TemporaryDirectory() as dump:
+        env.dump_dir, env.keep_ptx = dump, True
+        try:
+            kernel.build(*config, **named)
+        finally:
+            env.dump_dir, env.keep_ptx = saved
+        return "".join(p.read_text() for p in Path(dump).glob("*.ptx"))
+
+
+@pytest.mark.parametrize("experts,topk,groups,kept,threads", [(384, 8, 1, 1, 256), (896, 16, 1, 1, 256),
+                                                              (256, 8, 8, 4, 256), (1024, 32, 1, 1, 256),
+                                                              (17, 16, 1, 1, 256), (384, 8, 1, 1, 128)])
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16])
+def test_moe_route_reads_every_score_before_its_first_sigmoid(experts, topk, groups, kept, threads, source):
+    """A thread's scores and biases are all read before the first sigmoid needs one: one round
+    trip to memory, not two an expert (a read used only under a branch is sunk after the sigmoid
+    before it). So the PTX has 2 ceil(E / threads) global reads before its first ``ex2``."""
+    f32 = torch.float32
+    ptx = _compiled_ptx(moe_route.compiled, experts, topk, True, True, groups, kept, source, f32, f32, True, True,
+                        threads)
+    before = ptx[ptx.index("griddepcontrol.wait"):ptx.index("ex2.approx")]
+    assert before.count("ld.global") == 2 * -(-experts // threads)
+
+
+@pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (384, 8, 1, 1), (200, 8, 1, 1)])
+def test_warp_routing_reads_every_score_before_its_first_sigmoid(experts, topk, groups, kept):
+    """The warp kernel's lanes too: 2 ceil(E / 32) global reads before the first ``ex2``."""
+    from torch_sparse_decode.ops.moe_route import warps
+
+    f32 = torch.float32
+    ptx = _compiled_ptx(warps.compiled, experts, topk, True, True, groups, kept, f32, f32, f32, True)
+    before = ptx[ptx.index("griddepcontrol.wait"):ptx.index("ex2.approx")]
+    assert before.count("ld.global") == 2 * -(-experts // 32)
+
+
 @pytest.mark.parametrize("experts,topk,groups,kept", [(256, 8, 8, 4), (1024, 32, 32, 8), (64, 4, 2, 1),
                                                       (160, 6, 8, 3), (384, 8, 1, 1)])
 def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk, groups, kept):

@@ -178,7 +178,7 @@ def kernel_switch(monkeypatch, device, name: str, value, plain):
     return value
 
 
-@pytest.fixture(params=[256, 128, 64], ids=["256_threads", "128_threads", "64_threads"])
+@pytest.fixture(params=[256, 512, 1024], ids=["256_threads", "512_threads", "1024_threads"])
 def route_threads(request, monkeypatch, device):
     """The CTA kernel at 256 threads a token and (opt-in) at 128 and 64 (``kernel.ROUTE_THREADS``)."""
     return kernel_switch(monkeypatch, device, "ROUTE_THREADS", request.param, 256)

@@ -3,7 +3,8 @@
 Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing (opt-in,
 ``ROUTE_THREADS``: 128 threads, each with twice the experts; the steps below are the same).
 
-1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced), widens bf16 / fp16
+1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced; every score and bias
+   read issued before the first is used: one round trip), widens bf16 / fp16
    scores to fp32, applies the optional sigmoid, adds the bias and builds a 64-bit key: the
    order-preserving bits of the canonical fp32 key (NaN -> -inf, -0.0 -> +0.0) above the
    complemented expert id. Keys are unique, so the library order (lower id wins ties) is plain
@@ -53,7 +54,7 @@ from ...kernels.cute import warps_before
 from ...limits import MOE_MAX_EXPERTS as MAX_EXPERTS
 from . import warps
 from .build import Routing, compile_route, grouping, routings
-from .scoring import KEY_NONE, canonical, expert_key, loaded, renormalized, unordered
+from .scoring import KEY_NONE, canonical, expert_key, keyed, read_row, renormalized, unordered
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -273,15 +274,17 @@ class MoeRoute(Routing):
         """Step 1: this thread's experts' keys and unbiased scores (``value``: every expert's
         canonical key, for grouped routing) from ``src`` = (scores, bias)."""
         scores, bias = src
+        raw_score, raw_bias = read_row(scores, bias, token, tid, self.threads, self.per_thread, self.experts)
         for i in cutlass.range_constexpr(self.per_thread):
+            # Keyed whether the expert is real or not: a read used only under a branch would be
+            # sunk into it, after the previous expert's sigmoid (a round trip each).
             expert = tid + self.threads * i
-            keys[i] = Int64(KEY_NONE)
-            score_of[i] = Float32(0.0)
-            if expert < self.experts:
-                score, key = loaded(scores, bias, token, expert, self.apply_sigmoid)
-                keys[i] = expert_key(key, expert)
-                score_of[i] = score
-                if cutlass.const_expr(self.groups > 1 and not self.group_warps):
+            score, key = keyed(raw_score[i], raw_bias[i], self.apply_sigmoid)
+            real = expert < self.experts
+            keys[i] = cutlass.select_(real, expert_key(key, expert), Int64(KEY_NONE))
+            score_of[i] = cutlass.select_(real, score, Float32(0.0))
+            if cutlass.const_expr(self.groups > 1 and not self.group_warps):
+                if real:
                     value[expert] = canonical(key)
 
     # Shared memory route() allocates at most, with each array's 16-byte padding (kernels that

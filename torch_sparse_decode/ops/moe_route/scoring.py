@@ -57,14 +57,29 @@ def scored(score: Float32, bias: Float32):
 
 
 @cute.jit
-def loaded(scores: cute.Tensor, bias: cute.Tensor, token: Int32, expert: Int32,
-           apply_sigmoid: cutlass.Constexpr[bool]):
-    """(weight score, ranking key) of one expert of one token, read from the tensors (the bias
-    read after the sigmoid: one instruction order for every kernel)."""
-    score = scores[token, expert].to(Float32)
+def read_row(scores: cute.Tensor, bias: cute.Tensor, token: Int32, first: Int32, stride: cutlass.Constexpr[int],
+             count: cutlass.Constexpr[int], experts: cutlass.Constexpr[int]):
+    """(scores, biases) of experts ``first + stride * i``, i < ``count``, of one token, as stored:
+    every read issued before any value is used, so a thread waits one round trip, not two per
+    expert (a read after a sigmoid waits for it). Experts past the row read its last one: no
+    branch between the reads. The caller keys every value read and selects the real ones, so
+    the compiler cannot sink a read under a branch after the sigmoid before it."""
+    raw_score = cute.make_rmem_tensor(count, scores.element_type)
+    raw_bias = cute.make_rmem_tensor(count, bias.element_type)
+    for i in cutlass.range_constexpr(count):
+        expert = min(first + stride * i, experts - 1)
+        raw_score[i] = scores[token, expert]
+        raw_bias[i] = bias[expert]
+    return raw_score, raw_bias
+
+
+@cute.jit
+def keyed(score, bias, apply_sigmoid: cutlass.Constexpr[bool]):
+    """(weight score, ranking key) of one expert from its score and bias as ``read_row`` read them."""
+    score = score.to(Float32)
     if cutlass.const_expr(apply_sigmoid):
         score = sigmoid(score)
-    return scored(score, bias[expert].to(Float32))
+    return scored(score, bias.to(Float32))
 
 
 @cute.jit

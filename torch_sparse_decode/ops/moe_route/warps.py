@@ -42,7 +42,7 @@ from cutlass import Float32, Int32
 from ...kernels.compile import Target, cached_kernel
 from ...kernels.cute import warp_max, warp_min
 from .build import Routing, compile_route, grouping, routings
-from .scoring import canonical, loaded, ordered, renormalized, unordered
+from .scoring import canonical, keyed, ordered, read_row, renormalized, unordered
 
 # On by default; TORCH_SPARSE_DECODE_ROUTE_WARPS=0 keeps every batch on the CTA kernel.
 ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1"
@@ -130,14 +130,13 @@ class WarpRoute(Routing):
         # no branch around the warp reductions, so every one runs converged
         high = cute.make_rmem_tensor(self.per_lane, Int32)
         score_of = cute.make_rmem_tensor(self.per_lane, Float32)
+        raw_score, raw_bias = read_row(scores, bias, row, lane, 32, self.per_lane, self.experts)
         for i in cutlass.range_constexpr(self.per_lane):
-            expert = lane + 32 * i
-            high[i] = Int32(NONE)
-            score_of[i] = Float32(0.0)
-            if expert < self.experts:
-                score, key = loaded(scores, bias, row, expert, self.apply_sigmoid)
-                high[i] = ordered(key)
-                score_of[i] = score
+            # Keyed whether real or not, so no read is sunk under a branch (``read_row``).
+            real = lane + 32 * i < self.experts
+            score, key = keyed(raw_score[i], raw_bias[i], self.apply_sigmoid)
+            high[i] = cutlass.select_(real, ordered(key), Int32(NONE))
+            score_of[i] = cutlass.select_(real, score, Float32(0.0))
         if cutlass.const_expr(self.groups > 1):
             self.keep_best_groups(high, lane)
 
