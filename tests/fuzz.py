@@ -23,8 +23,7 @@ threads' runs.
 
 With TSD_FUZZ_OPT_IN=1 each case also draws the paths' switches (PDL, the short-row path, its
 lean builds, their trim, clusters and wide rows, the warp routing, its groups in the warps, the split router GEMM,
-the front's bulk staging and tensor-core GEMV: each on half the time; the routing CTA's 256, 128 or 64 threads: a
-third each) and restores them after: every path
+the front's bulk staging and tensor-core GEMV: each on half the time) and restores them after: every path
 checked on the same batches, a case's switches in its reproducer line (the seed and index, with
 TSD_FUZZ_OPT_IN=1).
 """
@@ -466,20 +465,18 @@ def gate_case(case: Case, rng: random.Random, shapes: list[tuple[int, int, int, 
 
 
 def opt_in_switches():
-    """(module, attribute, name, values) of each opt-in path's switch; a case draws one of the values."""
+    """(module, attribute, name) of each opt-in path's switch."""
     from torch_sparse_decode.kernels import pdl
     from torch_sparse_decode.ops.moe_gate_route import front, split
     from torch_sparse_decode.ops.moe_route import kernel as route_kernel, warps
 
-    on_off = ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
-              (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
-              (tsd_short_row(), "CLUSTER", "short_cluster"), (tsd_short_row(), "WIDE", "short_wide"),
-              (tsd_short_row(), "PAIRS", "short_pairs"),
-              (warps, "ON", "route_warps"), (route_kernel, "GROUP_WARPS", "route_group_warps"),
-              (split, "SPLIT", "router_split"),
-              (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
-    return tuple(switch + ((True, False),) for switch in on_off) + (
-        (route_kernel, "ROUTE_THREADS", "route_threads", (route_kernel.THREADS, 128, 64)),)
+    return ((pdl, "ON", "pdl"), (tsd_short_row(), "SHORT_ROWS", "short_rows"),
+            (tsd_short_row(), "LEAN", "short_lean"), (tsd_short_row(), "TRIM", "short_trim"),
+            (tsd_short_row(), "CLUSTER", "short_cluster"), (tsd_short_row(), "WIDE", "short_wide"),
+            (tsd_short_row(), "PAIRS", "short_pairs"),
+            (warps, "ON", "route_warps"), (route_kernel, "GROUP_WARPS", "route_group_warps"),
+            (split, "SPLIT", "router_split"),
+            (front, "BULK", "front_bulk"), (front, "MMA", "front_mma"))
 
 
 def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
@@ -488,9 +485,9 @@ def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
     rng = random.Random(f"{seed}:{index}")
     case = Case(seed, index, rng.choices(OPS, WEIGHTS)[0])
     switches = opt_in_switches() if OPT_IN else ()
-    saved = [getattr(module, attr) for module, attr, _, _ in switches]
-    drawn = {name: values[int(rng.random() * len(values))] for _, _, name, values in switches}
-    for module, attr, name, _ in switches:
+    saved = [getattr(module, attr) for module, attr, _ in switches]
+    drawn = {name: rng.random() < 0.5 for name in dict.fromkeys(name for _, _, name in switches)}
+    for module, attr, name in switches:
         setattr(module, attr, drawn[name])
     case.params.update(drawn)
     try:
@@ -505,7 +502,7 @@ def run_case(seed: int, index: int, palette=None) -> tuple[Case, str]:
     except Exception as err:  # an exception fails its case too, with its reproducer
         diff = f"raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     finally:
-        for (module, attr, _, _), value in zip(switches, saved):
+        for (module, attr, _), value in zip(switches, saved):
             setattr(module, attr, value)
     return case, diff
 

@@ -64,8 +64,7 @@ def test_the_routing_catalogs_follow_the_models_and_the_gpu():
     wide = helper.RoutedModel("too wide", 1024, 8, hidden=16384)
     target = helper.Target("sm_90a", 132, (deepseek, wide))
     asked = route.compiled.config(256, 8, True, True, 8, 4, torch.bfloat16,
-                                  pdl=pdl.enabled(pdl.ROUTE), group_warps=route.GROUP_WARPS,
-                                  threads=route.ROUTE_THREADS)  # as the op asks
+                                  pdl=pdl.enabled(pdl.ROUTE), group_warps=route.GROUP_WARPS)  # as the op asks
     assert asked in route.compiled.catalog(target)
     assert len(route.compiled.catalog(target)) == 8
     fronts = front.compiled.catalog(target)

@@ -49,7 +49,7 @@ def check(s, b, topk, device, weights_dtype=torch.float32, **kw):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", SHAPES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_scores_of_every_kind(route_threads, device, experts, topk, kind):
+def test_scores_of_every_kind(device, experts, topk, kind):
     s = scores(kind, (9, experts), seed=experts + topk)
     if kind in ("random", "bf16_plateau"):
         s = torch.sigmoid(s)
@@ -116,7 +116,7 @@ def test_empty_batch(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", [(896, 16), (1024, 16), (384, 8)])
-def test_crowded_candidates(route_threads, device, experts, topk):
+def test_crowded_candidates(device, experts, topk):
     """The top keys concentrated in half of the expert groups (e % 32): a long candidate list."""
     gen = torch.Generator().manual_seed(experts)
     s = torch.rand(6, experts, generator=gen) * 0.1
@@ -178,12 +178,6 @@ def kernel_switch(monkeypatch, device, name: str, value, plain):
     return value
 
 
-@pytest.fixture(params=[256, 512, 1024], ids=["256_threads", "512_threads", "1024_threads"])
-def route_threads(request, monkeypatch, device):
-    """The CTA kernel at 256 threads a token and (opt-in) at 128 and 64 (``kernel.ROUTE_THREADS``)."""
-    return kernel_switch(monkeypatch, device, "ROUTE_THREADS", request.param, 256)
-
-
 @pytest.fixture(params=[False, True], ids=["block", "group_warps"])
 def group_warps(request, monkeypatch, device):
     """Both ways the CTA kernel keeps the best groups: by the block, and (groups of 32 experts,
@@ -194,7 +188,7 @@ def group_warps(request, monkeypatch, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,kept", GROUPED)
 @pytest.mark.parametrize("kind", KINDS)
-def test_grouped_routing_of_every_kind(route_threads, group_warps, device, experts, topk, groups, kept, kind):
+def test_grouped_routing_of_every_kind(group_warps, device, experts, topk, groups, kept, kind):
     s = scores(kind, (9, experts), seed=experts + groups)
     if kind in ("random", "bf16_plateau"):
         s = torch.sigmoid(s)
@@ -264,7 +258,7 @@ def test_group_ties(group_warps, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_group_ties_in_groups_of_32(route_threads, group_warps, device):
+def test_group_ties_in_groups_of_32(group_warps, device):
     """``test_group_ties`` where each group is one warp's register (8 groups of 32): sums alike
     from different pairs (the lower group wins), all-equal rows, -0.0 against +0.0, a group of
     +inf and -inf (NaN: last), a NaN group, ties inside every group, and the kept groups' keys
@@ -294,7 +288,7 @@ def test_group_ties_in_groups_of_32(route_threads, group_warps, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk", [(512, 22), (1024, 32), (1024, 23), (33, 32), (32, 32)])
-def test_topk_up_to_32(route_threads, device, experts, topk):
+def test_topk_up_to_32(device, experts, topk):
     for kind in ("random", "all_equal", "few_distinct", "nan_mixed", "inf_mixed"):
         s = scores(kind, (17, experts), seed=topk)
         check(s, torch.randn(experts, generator=torch.Generator().manual_seed(3)) * 0.01, topk, device, scale=1.5)
@@ -333,7 +327,7 @@ def test_grouped_largest_batch(group_warps, device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("experts,topk,groups,second", [(64, 4, 32, 16), (512, 20, 32, 16), (1024, 32, 32, 16),
                                                          (544, 20, 32, 15)])
-def test_kept_experts_in_fewer_lanes_than_topk(route_threads, group_warps, device, experts, topk, groups, second):
+def test_kept_experts_in_fewer_lanes_than_topk(group_warps, device, experts, topk, groups, second):
     """The kept groups' experts share fewer threshold groups than topk (64 / 4: 2 lanes; 544 / 20:
     18 of the lane halves that topk > 16 uses): the topk-th largest maximum is then no real key,
     and the threshold must admit every key. Negative scores, so a threshold read from
@@ -362,7 +356,7 @@ def test_programmatic_dependent_launch_follows_the_switch():
     assert pdl.ON == {"1": True, "0": False}.get(os.environ.get("TORCH_SPARSE_DECODE_PDL", ""))
     catalog = kernel.compiled.catalog(Target("sm_90a", 132, MODELS))
     assert {config[9] for config in catalog} == {pdl.enabled(pdl.ROUTE)}
-    assert {config[10:] for config in catalog} == {(kernel.GROUP_WARPS, kernel.ROUTE_THREADS)}
+    assert {config[10:] for config in catalog} == {(kernel.GROUP_WARPS,)}
 
 
 @pytest.mark.gpu

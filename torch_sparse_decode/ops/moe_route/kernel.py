@@ -1,7 +1,7 @@
 """CUDA kernel of ``moe_route`` (CuTe DSL, SM90; nothing SM90-only, so it runs on SM100 too).
 
-Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing (opt-in,
-``ROUTE_THREADS``: 128 threads, each with twice the experts; the steps below are the same).
+Design: one CTA of 256 threads (8 warps) per token, one launch for the whole routing. (CTAs of
+64, 128, 512 and 1024 threads were measured slower at every model: ``benchmarks/RESULTS.md``.)
 
 1. Each thread loads ``ceil(E / 256)`` experts (``e = tid + 256 i``, coalesced; every score and bias
    read issued before the first is used: one round trip), widens bf16 / fp16
@@ -65,10 +65,6 @@ SPLIT_ABOVE_TOPK = 16  # larger topk split each lane's experts into two threshol
 # by the warps that hold them (step 2): DeepSeek-V3 at T = 1 / 64 / 256, 2.92 / 3.06 / 3.34 us against
 # 3.02 / 3.14 / 3.40 (H100, PDL, median of two). Read at each launch.
 GROUP_WARPS = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_GROUP_WARPS", "1") != "0"
-# Opt-in until measured on the GPU (TORCH_SPARSE_DECODE_ROUTE_THREADS=128): a token's CTA of 128
-# threads (4 warps: half the warps at each barrier and cross-warp step, twice the experts a thread);
-# read at each launch.
-ROUTE_THREADS = int(os.environ.get("TORCH_SPARSE_DECODE_ROUTE_THREADS", str(THREADS)))
 
 
 @cute.jit
@@ -85,9 +81,9 @@ def best_two(first: Float32, second: Float32):
 class MoeRoute(Routing):
     """The CTA kernel at one routing configuration (``build.Routing``)."""
 
-    def __init__(self, *config, group_warps: bool = False, threads: int = THREADS):
+    def __init__(self, *config, group_warps: bool = False):
         super().__init__(*config)
-        self.threads, self.warps = threads, threads // 32
+        self.threads, self.warps = THREADS, WARPS
         self.per_thread = -(-self.experts // self.threads)
         # Threshold groups per lane (step 3).
         self.parts = 2 if self.topk > SPLIT_ABOVE_TOPK and self.per_thread >= 2 else 1
@@ -336,17 +332,15 @@ class MoeRoute(Routing):
 
 def catalog(target) -> list[tuple]:
     """The catalog's routings (``build.routings``), with this module's switch as it is set."""
-    return [config + (GROUP_WARPS, ROUTE_THREADS) for config in routings(target)]
+    return [config + (GROUP_WARPS,) for config in routings(target)]
 
 
 @cached_kernel("moe_route", catalog)
 def compiled(experts: int, topk: int, renormalize: bool, apply_sigmoid: bool, groups: int = 1, topk_group: int = 1,
              source: torch.dtype = torch.float32, bias_dtype: torch.dtype = torch.float32,
-             weights_dtype: torch.dtype = torch.float32, pdl: bool = False, group_warps: bool = False,
-             threads: int = THREADS):
+             weights_dtype: torch.dtype = torch.float32, pdl: bool = False, group_warps: bool = False):
     """The kernel at one static configuration, from fake tensors (no GPU needed)."""
-    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl, group_warps=group_warps,
-                      threads=threads)
+    kernel = MoeRoute(experts, topk, renormalize, apply_sigmoid, groups, topk_group, pdl, group_warps=group_warps)
     return compile_route(kernel, experts, topk, source, bias_dtype, weights_dtype)
 
 
@@ -361,4 +355,4 @@ def moe_route(scores, bias, topk, renormalize, scale, apply_sigmoid, num_expert_
         return
     groups, kept = grouping(num_expert_group, topk_group)
     compiled(scores.shape[1], topk, renormalize, apply_sigmoid, groups, kept, scores.dtype, bias.dtype,
-             weights.dtype, pdl.enabled(pdl.ROUTE), GROUP_WARPS, ROUTE_THREADS)(scores, bias, scale, weights, ids)
+             weights.dtype, pdl.enabled(pdl.ROUTE), GROUP_WARPS)(scores, bias, scale, weights, ids)

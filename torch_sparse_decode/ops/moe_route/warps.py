@@ -47,10 +47,10 @@ from .scoring import canonical, keyed, ordered, read_row, renormalized, unordere
 # On by default; TORCH_SPARSE_DECODE_ROUTE_WARPS=0 keeps every batch on the CTA kernel.
 ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1"
 # The fewest tokens routed here, grouped or not: where this kernel overtakes the CTA kernel (H100,
-# PDL, fp32 logits; benchmarks/RESULTS.md): DeepSeek-V3's grouped routing between 1024 tokens
-# (6.58 against 5.80 us) and 2048 (7.53 against 9.49), Kimi-K2's 384 / 8 between 2048 (9.23
-# against 8.27) and 4096 (11.8 against 14.0).
-MIN_TOKENS = {True: 1536, False: 3072}
+# PDL, fp32 logits, both reading a thread's row at once; benchmarks/RESULTS.md): between 256 and
+# 512 tokens for DeepSeek-V3 (3.35 / 3.37 us against 3.14 / 3.94), Kimi-K2 (3.29 / 3.39 against
+# 2.90 / 3.52) and 256 / 8 ungrouped (2.90 / 2.92 against 2.76 / 3.19).
+MIN_TOKENS = {True: 512, False: 512}
 MAX_EXPERTS = 512  # 16 keys and 16 scores a lane
 MAX_TOPK = 8
 TOKENS = 4  # warps (tokens) a CTA
