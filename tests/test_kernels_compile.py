@@ -239,7 +239,7 @@ def compiled_smem_bytes(kernel, *config, **named) -> int:
     """The shared memory a configuration allocates, as compiled: the sum of the kernel's shared
     allocations (each aligned) in the IR the DSL hands its compiler. (The CPU compile does not
     check it against the GPU's limit; a launch would fail there.)"""
-    text = _compiled_ir(kernel, *config, **named)
+    text = _compiled_text("ir", kernel, *config, **named)
     types = {name: (int(align), int(size)) for name, align, size in re.findall(
         r'^(!memref_smem_i8[_0-9]*) = !cute\.memref<i8, smem, align<(\d+)>, "(\d+):1">', text, re.M)}
     total = 0
@@ -366,39 +366,26 @@ def test_router_front_profile_build_compiles():
     assert front.compiled(256, 7168, 8, True, 8, 4, front.ctas_for(256, 132), 4, profile=True)
 
 
-def _compiled_ir(kernel, *config, **named) -> str:
-    """The IR the DSL hands its compiler for one configuration."""
+def _compiled_text(keep: str, kernel, *config, **named) -> str:
+    """What the DSL keeps of one configuration compiled afresh: ``keep`` "ir" (the IR it hands its
+    compiler) or "ptx"."""
     import tempfile
     from pathlib import Path
 
     from torch_sparse_decode.kernels.compile import _dsl
 
-    env = _dsl().envar
-    saved = env.dump_dir, env.keep_ir
+    env, flag = _dsl().envar, f"keep_{keep}"
+    saved = env.dump_dir, getattr(env, flag)
     with tempfile.TemporaryDirectory() as dump:
-        env.dump_dir, env.keep_ir = dump, True
+        env.dump_dir = dump
+        setattr(env, flag, True)
         try:
             kernel.build(*config, **named)
         finally:
-            env.dump_dir, env.keep_ir = saved
-        return "".join(p.read_text() for p in Path(dump).glob("*.mlir") if not p.name.endswith("_clean.mlir"))
-
-def _compiled_ptx(kernel, *config, **named) -> str:
-    """The PTX of one configuration, compiled afresh."""
-    import tempfile
-    from pathlib import Path
-
-    from torch_sparse_decode.kernels.compile import _dsl
-
-    env = _dsl().envar
-    saved = env.dump_dir, env.keep_ptx
-    with tempfile.TemporaryDirectory() as dump:
-        env.dump_dir, env.keep_ptx = dump, True
-        try:
-            kernel.build(*config, **named)
-        finally:
-            env.dump_dir, env.keep_ptx = saved
-        return "".join(p.read_text() for p in Path(dump).glob("*.ptx"))
+            env.dump_dir = saved[0]
+            setattr(env, flag, saved[1])
+        suffix = ".mlir" if keep == "ir" else ".ptx"
+        return "".join(p.read_text() for p in Path(dump).glob("*" + suffix) if not p.name.endswith("_clean.mlir"))
 
 
 @pytest.mark.parametrize("experts,topk,groups,kept", [(384, 8, 1, 1), (896, 16, 1, 1), (256, 8, 8, 4),
@@ -409,7 +396,8 @@ def test_moe_route_reads_every_score_before_its_first_sigmoid(experts, topk, gro
     trip to memory, not two an expert (a read used only under a branch is sunk after the sigmoid
     before it). So the PTX has 2 ceil(E / 256) global reads before its first ``ex2``."""
     f32 = torch.float32
-    ptx = _compiled_ptx(moe_route.compiled, experts, topk, True, True, groups, kept, source, f32, f32, True, True)
+    config = (experts, topk, True, True, groups, kept, source, f32, f32, True, True)
+    ptx = _compiled_text("ptx", moe_route.compiled, *config)
     before = ptx[ptx.index("griddepcontrol.wait"):ptx.index("ex2.approx")]
     assert before.count("ld.global") == 2 * -(-experts // moe_route.THREADS)
 
@@ -420,7 +408,7 @@ def test_warp_routing_reads_every_score_before_its_first_sigmoid(experts, topk, 
     from torch_sparse_decode.ops.moe_route import warps
 
     f32 = torch.float32
-    ptx = _compiled_ptx(warps.compiled, experts, topk, True, True, groups, kept, f32, f32, f32, True)
+    ptx = _compiled_text("ptx", warps.compiled, experts, topk, True, True, groups, kept, f32, f32, f32, True)
     before = ptx[ptx.index("griddepcontrol.wait"):ptx.index("ex2.approx")]
     assert before.count("ld.global") == 2 * -(-experts // 32)
 
@@ -432,8 +420,8 @@ def test_moe_route_group_warps_drops_two_barriers_at_groups_of_32(experts, topk,
     its build has two block barriers fewer, and elsewhere it is the plain build."""
     f32 = torch.float32
     config = (experts, topk, True, True, groups, kept, f32, f32, f32, True)
-    plain = _compiled_ir(moe_route.compiled, *config).count("nvvm.barrier")
-    warped = _compiled_ir(moe_route.compiled, *config, group_warps=True).count("nvvm.barrier")
+    plain = _compiled_text("ir", moe_route.compiled, *config).count("nvvm.barrier")
+    warped = _compiled_text("ir", moe_route.compiled, *config, group_warps=True).count("nvvm.barrier")
     assert warped == plain - (2 if experts // groups == 32 and groups > 1 else 0)
 
 
@@ -491,8 +479,8 @@ def test_a_kernel_waits_for_the_kernel_before_only_as_a_programmatic_dependent(n
     for c in compiled.catalog(Target("sm_90a", 132, MODELS)):
         assert c[at] == pdl.enabled(pdl.for_keys(c[keyed]) if keyed is not None else op)
     marks = ("griddepcontrol.wait", "griddepcontrol.launch_dependents")
-    dependent = _compiled_ir(compiled, *config, pdl=True)
+    dependent = _compiled_text("ir", compiled, *config, pdl=True)
     assert all(mark in dependent for mark in marks)
-    assert not any(mark in _compiled_ir(compiled, *config) for mark in marks)
+    assert not any(mark in _compiled_text("ir", compiled, *config) for mark in marks)
     if name == "front":
         assert 0 <= dependent.find("cp.async") < dependent.find("griddepcontrol.wait")
