@@ -168,21 +168,16 @@ GROUPED = [(256, 8, 8, 4), (160, 6, 8, 3), (1024, 32, 32, 8), (64, 4, 32, 2), (9
            (512, 8, 16, 4), (64, 4, 2, 1), (96, 6, 3, 2)]
 
 
-def kernel_switch(monkeypatch, device, name: str, value, plain):
-    """The CTA kernel's switch ``name`` set to ``value``; on the CPU (the reference runs) only ``plain``."""
-    from torch_sparse_decode.ops.moe_route import kernel
-
-    if value != plain and device == "cpu":
-        pytest.skip("a CUDA kernel's switch")
-    monkeypatch.setattr(kernel, name, value)
-    return value
-
-
 @pytest.fixture(params=[False, True], ids=["block", "group_warps"])
 def group_warps(request, monkeypatch, device):
     """Both ways the CTA kernel keeps the best groups: by the block, and (groups of 32 experts,
     the default) in the warps that hold them (``kernel.GROUP_WARPS``)."""
-    return kernel_switch(monkeypatch, device, "GROUP_WARPS", request.param, False)
+    from torch_sparse_decode.ops.moe_route import kernel
+
+    if request.param and device == "cpu":
+        pytest.skip("a CUDA kernel's switch")
+    monkeypatch.setattr(kernel, "GROUP_WARPS", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -86,7 +86,7 @@ def test_bias_and_weight_edges():
 def test_the_op_takes_it_from_its_threshold(monkeypatch, experts, topk, groups, kept):
     """Through ``tsd.moe_route``: the CTA kernel's ids and weights, token for token, on either
     side of the threshold (one kernel below it, the other from it on)."""
-    least = warps.MIN_TOKENS[groups > 1]
+    least = warps.MIN_TOKENS
     for tokens in (1, least - 1, least, 4096 + 1):
         s = torch.sigmoid(scores("random", (tokens, experts), seed=10)).cuda()
         s[::7] = 0.5
@@ -101,7 +101,7 @@ def test_the_op_takes_it_from_its_threshold(monkeypatch, experts, topk, groups, 
 
 
 def test_which_routings_take_it(monkeypatch):
-    grouped, plain = warps.MIN_TOKENS[True], warps.MIN_TOKENS[False]
+    grouped = plain = warps.MIN_TOKENS
     x = torch.empty(plain, 384)
     monkeypatch.setattr(warps, "ON", False)
     assert not warps.takes(x, 1, 8)

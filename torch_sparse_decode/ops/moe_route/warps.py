@@ -4,9 +4,9 @@ Why: the CTA kernel (``kernel.py``) gives each token 256 threads and a chain of 
 (threshold, compaction, ranking). At T = 4096 its 4096 CTAs queue in waves and the chains add up
 (DeepSeek-V3: 16.9 us beside FlashInfer's 12.6, H100). Here a token's experts fit one warp's
 registers (E <= 512: 16 a lane) and every step is a warp reduction (``redux.sync``), so 4096
-tokens are 4096 independent warps, resident at once: 11.4 us. A warp alone is slow, though: its
-~1300 instructions a token run as one dependent chain (5.7 us at T = 1 against the CTA kernel's
-2.7), so the op sends only large batches here (``MIN_TOKENS``, the measured crossovers). A Triton
+tokens are 4096 independent warps, resident at once: 10.5 us. A warp alone is slower, though: its
+instructions a token run as one dependent chain, so the op sends only batches of ``MIN_TOKENS`` or
+more here (the measured crossover). A Triton
 kernel of two tokens a warp measured slower than both (22.5 us at T = 4096) and was removed.
 
 Expert ``e`` lives in lane ``e % 32``, register ``e // 32``; its key is ``ordered(score + bias)``
@@ -46,11 +46,12 @@ from .scoring import canonical, keyed, ordered, read_row, renormalized, unordere
 
 # On by default; TORCH_SPARSE_DECODE_ROUTE_WARPS=0 keeps every batch on the CTA kernel.
 ON = os.environ.get("TORCH_SPARSE_DECODE_ROUTE_WARPS", "1") == "1"
-# The fewest tokens routed here, grouped or not: where this kernel overtakes the CTA kernel (H100,
-# PDL, fp32 logits, both reading a thread's row at once; benchmarks/RESULTS.md): between 256 and
+# The fewest tokens routed here, grouped or not (one crossover for both): where this kernel
+# overtakes the CTA kernel (H100, PDL, fp32 logits, both reading a thread's row at once;
+# benchmarks/RESULTS.md): between 256 and
 # 512 tokens for DeepSeek-V3 (3.35 / 3.37 us against 3.14 / 3.94), Kimi-K2 (3.29 / 3.39 against
 # 2.90 / 3.52) and 256 / 8 ungrouped (2.90 / 2.92 against 2.76 / 3.19).
-MIN_TOKENS = {True: 512, False: 512}
+MIN_TOKENS = 512
 MAX_EXPERTS = 512  # 16 keys and 16 scores a lane
 MAX_TOPK = 8
 TOKENS = 4  # warps (tokens) a CTA
@@ -171,7 +172,7 @@ def fits(experts: int, groups: int, topk: int) -> bool:
 def takes(scores: torch.Tensor, num_expert_group: int, topk: int) -> bool:
     """Whether the op routes ``scores`` here: switched on, enough tokens, a shape that fits. Both
     kernels give the reference's bits, so a token's result never depends on its batch."""
-    return (ON and scores.shape[0] >= MIN_TOKENS[num_expert_group > 1]
+    return (ON and scores.shape[0] >= MIN_TOKENS
             and fits(scores.shape[1], num_expert_group, topk))
 
 
